@@ -1,0 +1,3 @@
+//! Kubelet configuration APIs (the kubelet's `pkg/kubelet/apis`).
+
+pub mod config;

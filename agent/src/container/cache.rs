@@ -1,0 +1,147 @@
+//! The timestamped pod cache (the kubelet's `kubecontainer.Cache`). The PLEG is its only writer; pod
+//! workers read it with `get_newer_than`, which waits until the cache has seen the runtime after the
+//! worker's last sync, so a worker never acts on a status older than its own last action.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{PodStatus, PodUid};
+
+#[derive(Clone)]
+struct Entry {
+    status: Arc<PodStatus>,
+    modified: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    pods: HashMap<PodUid, Entry>,
+    /// Every pod's entry is at least this fresh (set after each full relist).
+    global: Option<Instant>,
+}
+
+/// Pod statuses with the time the runtime was last read for them.
+#[derive(Default)]
+pub struct PodCache {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl PodCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stores the status read from the runtime at `modified`.
+    pub fn set(&self, status: PodStatus, modified: Instant) {
+        let uid = status.uid.clone();
+        self.lock().pods.insert(
+            uid,
+            Entry {
+                status: Arc::new(status),
+                modified,
+            },
+        );
+        self.changed.notify_waiters();
+    }
+
+    /// The cached status of a pod, if the runtime has been read for it.
+    pub fn get(&self, uid: &PodUid) -> Option<Arc<PodStatus>> {
+        self.lock().pods.get(uid).map(|e| Arc::clone(&e.status))
+    }
+
+    /// Forgets a pod.
+    pub fn delete(&self, uid: &PodUid) {
+        self.lock().pods.remove(uid);
+    }
+
+    /// Marks every entry as fresh as `time` (the start of a completed full relist).
+    pub fn update_time(&self, time: Instant) {
+        self.lock().global = Some(time);
+        self.changed.notify_waiters();
+    }
+
+    fn newer_than(&self, uid: &PodUid, min: Instant) -> Option<Arc<PodStatus>> {
+        let state = self.lock();
+        let entry = state.pods.get(uid);
+        let fresh =
+            entry.is_some_and(|e| e.modified > min) || state.global.is_some_and(|g| g > min);
+        fresh.then(|| {
+            entry.map_or_else(
+                || {
+                    Arc::new(PodStatus {
+                        uid: uid.clone(),
+                        ..PodStatus::default()
+                    })
+                },
+                |e| Arc::clone(&e.status),
+            )
+        })
+    }
+
+    /// The pod's status once the cache is newer than `min`: either the pod's own entry or the whole
+    /// cache. A pod the runtime does not know yields an empty status.
+    pub async fn get_newer_than(&self, uid: &PodUid, min: Instant) -> Arc<PodStatus> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(status) = self.newer_than(uid, min) {
+                return status;
+            }
+            changed.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn status(uid: &str, name: &str) -> PodStatus {
+        PodStatus {
+            uid: PodUid::from(uid),
+            name: name.to_owned(),
+            ..PodStatus::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn get_newer_than_waits_for_a_fresh_entry() {
+        let cache = Arc::new(PodCache::new());
+        let before = Instant::now();
+        cache.set(status("a", "old"), before);
+        let waiter = tokio::spawn({
+            let cache = Arc::clone(&cache);
+            async move { cache.get_newer_than(&PodUid::from("a"), before).await }
+        });
+        tokio::time::advance(Duration::from_millis(5)).await;
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "an entry as old as min must not satisfy the wait"
+        );
+        cache.set(status("a", "new"), Instant::now());
+        let got = waiter.await.unwrap();
+        assert_eq!(got.name, "new");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn global_time_satisfies_unknown_pods_with_an_empty_status() {
+        let cache = PodCache::new();
+        let min = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.update_time(Instant::now());
+        let got = cache.get_newer_than(&PodUid::from("unknown"), min).await;
+        assert_eq!(got.uid, PodUid::from("unknown"));
+        assert!(got.containers.is_empty());
+    }
+}

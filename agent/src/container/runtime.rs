@@ -1,0 +1,251 @@
+//! The `Runtime` trait (the kubelet's `kubecontainer.Runtime`) and the runtime's view of pods and
+//! containers. Times are Unix nanoseconds as the CRI reports them; 0 means "not set".
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::{ContainerId, PodUid, SandboxId};
+
+/// State of one container as the runtime reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// State of one pod sandbox as the runtime reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SandboxState {
+    Ready,
+    NotReady,
+}
+
+/// What `GetPods` reports for a container: enough to diff, not the full status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningContainer {
+    pub id: ContainerId,
+    pub name: String,
+    pub state: ContainerState,
+    /// The kubelet's hash of the container spec, from the container's annotations.
+    pub hash: String,
+    pub created_at: i64,
+}
+
+/// What `GetPods` reports for a sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningSandbox {
+    pub id: SandboxId,
+    pub state: SandboxState,
+    pub created_at: i64,
+}
+
+/// A pod as the runtime groups its sandboxes and containers (by the pod-UID label).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunningPod {
+    pub uid: PodUid,
+    pub name: String,
+    pub namespace: String,
+    pub sandboxes: Vec<RunningSandbox>,
+    pub containers: Vec<RunningContainer>,
+}
+
+/// Full status of one sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxStatus {
+    pub id: SandboxId,
+    pub state: SandboxState,
+    pub created_at: i64,
+    /// The sandbox's attempt counter (incremented each time the sandbox is re-created).
+    pub attempt: u32,
+    pub ip: Option<String>,
+    pub host_network: bool,
+}
+
+/// Full status of one container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerStatus {
+    pub id: ContainerId,
+    pub name: String,
+    pub state: ContainerState,
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    /// The image as the pod spec names it.
+    pub image: String,
+    /// The image id the runtime resolved it to.
+    pub image_ref: String,
+    pub hash: String,
+    pub restart_count: u32,
+    /// Runtime reason for the last exit, e.g. `OOMKilled`, `Error`, `Completed`.
+    pub reason: String,
+    pub message: String,
+}
+
+/// Everything the runtime knows about one pod: the input to status generation and to `sync_pod`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodStatus {
+    pub uid: PodUid,
+    pub name: String,
+    pub namespace: String,
+    /// Pod IPs of the newest ready sandbox (empty for host-network pods).
+    pub ips: Vec<String>,
+    /// Newest first.
+    pub sandboxes: Vec<SandboxStatus>,
+    /// Newest first; exited instances of a container follow its current one.
+    pub containers: Vec<ContainerStatus>,
+}
+
+impl PodStatus {
+    /// The newest status of the container with this name.
+    pub fn container(&self, name: &str) -> Option<&ContainerStatus> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// Whether any container of the pod is running.
+    pub fn has_running_containers(&self) -> bool {
+        self.containers
+            .iter()
+            .any(|c| c.state == ContainerState::Running)
+    }
+}
+
+/// One runtime condition (`RuntimeReady`, `NetworkReady`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeCondition {
+    pub kind: String,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The runtime's `Status` answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeStatus {
+    pub conditions: Vec<RuntimeCondition>,
+}
+
+impl RuntimeStatus {
+    fn condition(&self, kind: &str) -> Option<&RuntimeCondition> {
+        self.conditions.iter().find(|c| c.kind == kind)
+    }
+
+    /// `None` when the runtime is ready, otherwise why not.
+    pub fn runtime_not_ready(&self) -> Option<String> {
+        match self.condition("RuntimeReady") {
+            Some(c) if c.status => None,
+            Some(c) => Some(format!("runtime not ready: {}: {}", c.reason, c.message)),
+            None => Some("runtime did not report RuntimeReady".to_owned()),
+        }
+    }
+
+    /// `None` when pod networking is ready, otherwise why not.
+    pub fn network_not_ready(&self) -> Option<String> {
+        match self.condition("NetworkReady") {
+            Some(c) if c.status => None,
+            Some(c) => Some(format!("network not ready: {}: {}", c.reason, c.message)),
+            None => Some("runtime did not report NetworkReady".to_owned()),
+        }
+    }
+}
+
+/// The step of a pod sync a result belongs to (the kubelet's `SyncAction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncAction {
+    CreatePodSandbox,
+    KillPodSandbox,
+    ConfigPodSandbox,
+    InitContainer,
+    StartContainer,
+    KillContainer,
+}
+
+/// Why a step failed, in the kubelet's waiting-reason vocabulary (`CrashLoopBackOff`,
+/// `ErrImageNeverPull`, `ImagePullBackOff`, `CreateContainerError`, `RunContainerError`, …).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncFailure {
+    pub reason: String,
+    pub message: String,
+}
+
+/// Outcome of one step; `target` is a container name or the sandbox id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncResult {
+    pub action: SyncAction,
+    pub target: String,
+    pub failure: Option<SyncFailure>,
+}
+
+/// Outcome of `Runtime::sync_pod`: every step attempted, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSyncResult {
+    pub results: Vec<SyncResult>,
+}
+
+impl PodSyncResult {
+    /// The first failed step, if any; the pod worker retries after its back-off period.
+    pub fn first_failure(&self) -> Option<&SyncResult> {
+        self.results.iter().find(|r| r.failure.is_some())
+    }
+}
+
+/// Why a runtime operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("runtime call {call} failed: {message}")]
+    Call { call: &'static str, message: String },
+    #[error("runtime call {call} timed out after {timeout_ms} ms")]
+    Timeout { call: &'static str, timeout_ms: u64 },
+    #[error("runtime is unavailable at {endpoint}: {message}")]
+    Unavailable { endpoint: String, message: String },
+    #[error("{what} {id} not found in the runtime")]
+    NotFound { what: &'static str, id: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The container runtime as the agent uses it. One implementation talks CRI
+/// (`kuberuntime::KubeGenericRuntimeManager`); tests substitute fakes.
+#[async_trait]
+pub trait Runtime: Send + Sync + 'static {
+    /// The runtime's name and version, e.g. `containerd 1.6.20`.
+    async fn version(&self) -> Result<String, RuntimeError>;
+
+    /// `RuntimeReady` / `NetworkReady` conditions.
+    async fn status(&self) -> Result<RuntimeStatus, RuntimeError>;
+
+    /// Sandboxes and containers grouped by pod; `all` includes exited ones.
+    async fn get_pods(&self, all: bool) -> Result<Vec<RunningPod>, RuntimeError>;
+
+    /// Full status of one pod (sandboxes and containers, exited ones included).
+    async fn get_pod_status(
+        &self,
+        uid: &PodUid,
+        name: &str,
+        namespace: &str,
+    ) -> Result<PodStatus, RuntimeError>;
+
+    /// Moves the pod's sandbox and containers one step towards the spec (the kubelet's
+    /// `kubeGenericRuntimeManager.SyncPod`).
+    async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult;
+
+    /// Stops every container and the sandbox of a pod, with the pod's grace period unless overridden.
+    async fn kill_pod(
+        &self,
+        pod: Option<&Pod>,
+        running: &RunningPod,
+        grace_period_override: Option<i64>,
+    ) -> Result<(), RuntimeError>;
+
+    /// Removes dead containers beyond `max_per_pod_container` for every pod, and every container and
+    /// sandbox of pods not in `active_pods` that is no longer running.
+    async fn garbage_collect(
+        &self,
+        max_per_pod_container: usize,
+        active_pods: &HashSet<PodUid>,
+    ) -> Result<(), RuntimeError>;
+}

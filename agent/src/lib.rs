@@ -1,0 +1,17 @@
+//! ringlet: a Kubernetes node agent that does the kubelet's job (`pkg/kubelet`) for nodes with
+//! thousands of pods. See `DESIGN.md` in the shared folder for the architecture; each module names the
+//! kubelet package it corresponds to.
+
+pub mod apis;
+pub mod cm;
+pub mod container;
+pub mod events;
+pub mod kubelet;
+pub mod kuberuntime;
+pub mod pleg;
+pub mod pod_workers;
+pub mod podconfig;
+pub mod runonce;
+pub mod server;
+pub mod status;
+pub mod volumes;

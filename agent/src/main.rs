@@ -1,0 +1,3 @@
+//! The `ringlet` binary: parses flags and configuration and runs the agent.
+
+fn main() {}
