@@ -1,1 +1,596 @@
-//! (being written)
+//! Pod workers (the kubelet's `pkg/kubelet/pod_workers.go`): one task per pod UID that serialises the
+//! pod's syncs and walks it through sync → terminating → terminated.
+//!
+//! Updates are level-triggered: a worker keeps only the newest pod spec and a "work requested" flag, so
+//! a burst of updates costs one sync. A kill request is sticky: once asked for, the pod terminates
+//! whatever updates follow, and the grace period only ever shrinks. Every step is safe to re-run: after
+//! an error the work queue asks again after the back-off period, and after an agent restart the state
+//! is rebuilt from the runtime.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::container::{PodCache, PodStatus, PodUid};
+
+/// Why a sync was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateType {
+    Create,
+    Update,
+    Sync,
+    Kill,
+}
+
+/// Where a pod is in its life as the workers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerPhase {
+    /// The pod should run: its sandbox and containers are kept in line with the spec.
+    Syncing,
+    /// The pod is being stopped (removed from its source, or it reached a terminal phase).
+    Terminating,
+    /// Nothing of the pod runs any more; `cleaned_up` once its resources were released.
+    Terminated { cleaned_up: bool },
+}
+
+/// An update for one pod.
+#[derive(Clone, Debug)]
+pub struct UpdatePodOptions {
+    pub pod: Pod,
+    pub update_type: UpdateType,
+    /// For kills: overrides the pod's termination grace period (seconds).
+    pub grace_period_override: Option<i64>,
+    /// For kills: the pod was removed from its source, so the worker may be forgotten once it is done.
+    pub pod_removed: bool,
+}
+
+/// Why a step failed; the worker retries after the back-off period.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct SyncError {
+    /// A short CamelCase reason for the event, e.g. `FailedSync`, `BackOff`, `NetworkNotReady`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The three steps of a pod's life, implemented by the kubelet.
+#[async_trait]
+pub trait PodSyncer: Send + Sync + 'static {
+    /// Brings the pod towards its spec. Returns `true` when the pod reached a terminal phase
+    /// (Succeeded or Failed) and should be terminated.
+    async fn sync_pod(
+        &self,
+        pod: &Pod,
+        status: &PodStatus,
+        update_type: UpdateType,
+    ) -> Result<bool, SyncError>;
+
+    /// Stops every container and the sandbox of the pod.
+    async fn sync_terminating_pod(
+        &self,
+        pod: &Pod,
+        status: &PodStatus,
+        grace_period_override: Option<i64>,
+    ) -> Result<(), SyncError>;
+
+    /// Releases what the pod held on the node (cgroups, volumes, status when removed).
+    async fn sync_terminated_pod(
+        &self,
+        pod: &Pod,
+        status: &PodStatus,
+        pod_removed: bool,
+    ) -> Result<(), SyncError>;
+}
+
+/// Pods due for a resync (the kubelet's `queue.WorkQueue`), drained by the sync loop's 1 s tick.
+#[derive(Default)]
+pub struct WorkQueue {
+    due: Mutex<HashMap<PodUid, Instant>>,
+}
+
+impl WorkQueue {
+    /// Asks for `uid` to be synced after `delay`; an earlier request wins.
+    pub fn enqueue(&self, uid: PodUid, delay: Duration) {
+        let at = Instant::now() + delay;
+        let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+        due.entry(uid)
+            .and_modify(|t| *t = (*t).min(at))
+            .or_insert(at);
+    }
+
+    /// Takes the pods whose time has come.
+    pub fn take_due(&self) -> Vec<PodUid> {
+        let now = Instant::now();
+        let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+        let ready: Vec<PodUid> = due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &ready {
+            due.remove(uid);
+        }
+        ready
+    }
+}
+
+struct Worker {
+    pod: Pod,
+    update_type: UpdateType,
+    phase: WorkerPhase,
+    work_requested: bool,
+    /// `Some(grace)` once a kill was asked for; never cleared.
+    kill: Option<Option<i64>>,
+    pod_removed: bool,
+    wake: Arc<Notify>,
+}
+
+/// What one step of a worker does, decided under the lock and performed outside it.
+enum Step {
+    Sync(Pod, UpdateType),
+    Terminate(Pod, Option<i64>),
+    CleanUp(Pod, bool),
+}
+
+struct Shared {
+    workers: Mutex<HashMap<PodUid, Worker>>,
+    syncer: Arc<dyn PodSyncer>,
+    cache: Arc<PodCache>,
+    queue: Arc<WorkQueue>,
+    resync_interval: Duration,
+    backoff_period: Duration,
+}
+
+/// Cloneable handle to the pod workers.
+#[derive(Clone)]
+pub struct PodWorkers {
+    shared: Arc<Shared>,
+}
+
+/// The kubelet's back-off before retrying a failed sync.
+pub const SYNC_BACKOFF_PERIOD: Duration = Duration::from_secs(10);
+
+impl PodWorkers {
+    pub fn new(
+        syncer: Arc<dyn PodSyncer>,
+        cache: Arc<PodCache>,
+        queue: Arc<WorkQueue>,
+        resync_interval: Duration,
+        backoff_period: Duration,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                workers: Mutex::new(HashMap::new()),
+                syncer,
+                cache,
+                queue,
+                resync_interval,
+                backoff_period,
+            }),
+        }
+    }
+
+    fn workers(&self) -> MutexGuard<'_, HashMap<PodUid, Worker>> {
+        self.shared
+            .workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Delivers an update to the pod's worker, starting the worker on first sight of the UID.
+    pub fn update_pod(&self, update: UpdatePodOptions) {
+        let Some(uid) = update.pod.metadata.uid.clone().map(PodUid::from) else {
+            tracing::warn!(pod = ?update.pod.metadata.name, "ignoring an update for a pod without a uid");
+            return;
+        };
+        let mut workers = self.workers();
+        let worker = workers.entry(uid.clone()).or_insert_with(|| {
+            let wake = Arc::new(Notify::new());
+            tokio::spawn(run_worker(
+                Arc::clone(&self.shared),
+                uid.clone(),
+                Arc::clone(&wake),
+            ));
+            Worker {
+                pod: update.pod.clone(),
+                update_type: update.update_type,
+                phase: WorkerPhase::Syncing,
+                work_requested: false,
+                kill: None,
+                pod_removed: false,
+                wake,
+            }
+        });
+        if update.update_type == UpdateType::Kill {
+            let grace = match (worker.kill.flatten(), update.grace_period_override) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            worker.kill = Some(grace);
+            worker.pod_removed |= update.pod_removed;
+        } else {
+            worker.update_type = update.update_type;
+        }
+        worker.pod = update.pod;
+        worker.work_requested = true;
+        worker.wake.notify_one();
+    }
+
+    /// The phase of a pod's worker, if the pod has one.
+    pub fn phase(&self, uid: &PodUid) -> Option<WorkerPhase> {
+        self.workers().get(uid).map(|w| w.phase)
+    }
+
+    /// Whether the pod has a worker that has not finished terminating.
+    pub fn is_pod_active(&self, uid: &PodUid) -> bool {
+        self.phase(uid)
+            .is_some_and(|p| !matches!(p, WorkerPhase::Terminated { .. }))
+    }
+
+    /// UIDs of every pod with a worker.
+    pub fn known_pods(&self) -> HashSet<PodUid> {
+        self.workers().keys().cloned().collect()
+    }
+
+    /// Forgets workers of pods that are cleaned up and no longer wanted (the kubelet's
+    /// `SyncKnownPods`), so their tasks end. Returns the forgotten UIDs.
+    pub fn forget_finished(&self, wanted: &HashSet<PodUid>) -> Vec<PodUid> {
+        let mut workers = self.workers();
+        let finished: Vec<PodUid> = workers
+            .iter()
+            .filter(|(uid, w)| {
+                w.phase == (WorkerPhase::Terminated { cleaned_up: true }) && !wanted.contains(*uid)
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &finished {
+            if let Some(worker) = workers.remove(uid) {
+                worker.wake.notify_one();
+            }
+        }
+        finished
+    }
+}
+
+/// Decides the next step, or `None` when there is nothing to do (or the worker was forgotten).
+fn next_step(workers: &mut HashMap<PodUid, Worker>, uid: &PodUid) -> Option<Step> {
+    let worker = workers.get_mut(uid)?;
+    if !worker.work_requested {
+        return None;
+    }
+    worker.work_requested = false;
+    if worker.phase == WorkerPhase::Syncing && worker.kill.is_some() {
+        worker.phase = WorkerPhase::Terminating;
+    }
+    let pod = worker.pod.clone();
+    match worker.phase {
+        WorkerPhase::Syncing => Some(Step::Sync(pod, worker.update_type)),
+        WorkerPhase::Terminating => Some(Step::Terminate(pod, worker.kill.flatten())),
+        WorkerPhase::Terminated { cleaned_up: false } => {
+            Some(Step::CleanUp(pod, worker.pod_removed))
+        }
+        WorkerPhase::Terminated { cleaned_up: true } => None,
+    }
+}
+
+fn pod_label(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
+    let mut last_sync: Option<Instant> = None;
+    loop {
+        let step = {
+            let mut workers = shared
+                .workers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !workers.contains_key(&uid) {
+                return;
+            }
+            next_step(&mut workers, &uid)
+        };
+        let Some(step) = step else {
+            wake.notified().await;
+            continue;
+        };
+        let status = shared.cache.get_newer_than(&uid, last_sync).await;
+        let outcome = perform(&shared, &step, &status).await;
+        last_sync = Some(Instant::now());
+        let mut workers = shared
+            .workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(worker) = workers.get_mut(&uid) else {
+            return;
+        };
+        match outcome {
+            Ok(next_phase) => {
+                if next_phase != worker.phase {
+                    worker.phase = next_phase;
+                    worker.work_requested = true;
+                }
+                if next_phase == WorkerPhase::Syncing {
+                    shared.queue.enqueue(uid.clone(), shared.resync_interval);
+                }
+            }
+            Err(err) => {
+                let pod = match &step {
+                    Step::Sync(pod, _) | Step::Terminate(pod, _) | Step::CleanUp(pod, _) => pod,
+                };
+                tracing::warn!(pod = %pod_label(pod), %uid, %err, "error syncing pod, will retry");
+                shared.queue.enqueue(uid.clone(), shared.backoff_period);
+            }
+        }
+    }
+}
+
+/// Runs one step and returns the phase the worker is in afterwards.
+async fn perform(
+    shared: &Shared,
+    step: &Step,
+    status: &PodStatus,
+) -> Result<WorkerPhase, SyncError> {
+    match step {
+        Step::Sync(pod, update_type) => {
+            let terminal = shared.syncer.sync_pod(pod, status, *update_type).await?;
+            Ok(if terminal {
+                WorkerPhase::Terminating
+            } else {
+                WorkerPhase::Syncing
+            })
+        }
+        Step::Terminate(pod, grace) => {
+            shared
+                .syncer
+                .sync_terminating_pod(pod, status, *grace)
+                .await?;
+            Ok(WorkerPhase::Terminated { cleaned_up: false })
+        }
+        Step::CleanUp(pod, removed) => {
+            shared
+                .syncer
+                .sync_terminated_pod(pod, status, *removed)
+                .await?;
+            Ok(WorkerPhase::Terminated { cleaned_up: true })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tokio::sync::mpsc;
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Call {
+        Sync(String, UpdateType),
+        Terminate(Option<i64>),
+        CleanUp(bool),
+    }
+
+    struct Recording {
+        calls: mpsc::UnboundedSender<Call>,
+        terminal_after_sync: bool,
+        /// Each sync waits for a permit, so tests can hold a worker busy.
+        gate: Arc<tokio::sync::Semaphore>,
+        fail_terminate_once: Mutex<bool>,
+    }
+
+    #[async_trait]
+    impl PodSyncer for Recording {
+        async fn sync_pod(
+            &self,
+            pod: &Pod,
+            _status: &PodStatus,
+            update_type: UpdateType,
+        ) -> Result<bool, SyncError> {
+            self.gate.acquire().await.unwrap().forget();
+            let image = pod.metadata.name.clone().unwrap();
+            self.calls.send(Call::Sync(image, update_type)).unwrap();
+            Ok(self.terminal_after_sync)
+        }
+
+        async fn sync_terminating_pod(
+            &self,
+            _pod: &Pod,
+            _status: &PodStatus,
+            grace: Option<i64>,
+        ) -> Result<(), SyncError> {
+            self.calls.send(Call::Terminate(grace)).unwrap();
+            let mut fail = self.fail_terminate_once.lock().unwrap();
+            if *fail {
+                *fail = false;
+                return Err(SyncError {
+                    reason: "FailedKillPod",
+                    message: "runtime unavailable".into(),
+                });
+            }
+            Ok(())
+        }
+
+        async fn sync_terminated_pod(
+            &self,
+            _pod: &Pod,
+            _status: &PodStatus,
+            removed: bool,
+        ) -> Result<(), SyncError> {
+            self.calls.send(Call::CleanUp(removed)).unwrap();
+            Ok(())
+        }
+    }
+
+    fn pod(name: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some("uid-1".into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    fn update(name: &str, update_type: UpdateType) -> UpdatePodOptions {
+        UpdatePodOptions {
+            pod: pod(name),
+            update_type,
+            grace_period_override: None,
+            pod_removed: false,
+        }
+    }
+
+    struct Fixture {
+        workers: PodWorkers,
+        calls: mpsc::UnboundedReceiver<Call>,
+        gate: Arc<tokio::sync::Semaphore>,
+        queue: Arc<WorkQueue>,
+    }
+
+    fn fixture(terminal_after_sync: bool, fail_terminate_once: bool, permits: usize) -> Fixture {
+        let (tx, calls) = mpsc::unbounded_channel();
+        let gate = Arc::new(tokio::sync::Semaphore::new(permits));
+        let syncer = Arc::new(Recording {
+            calls: tx,
+            terminal_after_sync,
+            gate: Arc::clone(&gate),
+            fail_terminate_once: Mutex::new(fail_terminate_once),
+        });
+        let cache = Arc::new(PodCache::new());
+        cache.update_time(Instant::now());
+        let queue = Arc::new(WorkQueue::default());
+        let workers = PodWorkers::new(
+            syncer,
+            cache,
+            Arc::clone(&queue),
+            Duration::from_secs(60),
+            SYNC_BACKOFF_PERIOD,
+        );
+        Fixture {
+            workers,
+            calls,
+            gate,
+            queue,
+        }
+    }
+
+    /// Lets the cache become newer than the worker's last sync, as a relist would.
+    async fn relist(workers: &PodWorkers) {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        workers.shared.cache.update_time(Instant::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn updates_while_busy_collapse_to_the_newest() {
+        let mut f = fixture(false, false, 0);
+        f.workers.update_pod(update("v1", UpdateType::Create));
+        tokio::task::yield_now().await;
+        f.workers.update_pod(update("v2", UpdateType::Update));
+        f.workers.update_pod(update("v3", UpdateType::Update));
+        f.gate.add_permits(10);
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v1".into(), UpdateType::Create))
+        );
+        relist(&f.workers).await;
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v3".into(), UpdateType::Update))
+        );
+        relist(&f.workers).await;
+        tokio::task::yield_now().await;
+        assert!(
+            f.calls.try_recv().is_err(),
+            "v2 must have been collapsed into v3"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pending_kill_is_never_overwritten_by_later_updates() {
+        let mut f = fixture(false, false, 0);
+        f.workers.update_pod(update("v1", UpdateType::Create));
+        tokio::task::yield_now().await;
+        let mut kill = update("v1", UpdateType::Kill);
+        kill.grace_period_override = Some(5);
+        kill.pod_removed = true;
+        f.workers.update_pod(kill);
+        f.workers.update_pod(update("v2", UpdateType::Update));
+        f.gate.add_permits(10);
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v1".into(), UpdateType::Create))
+        );
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(Some(5))));
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(true)));
+        assert_eq!(
+            f.workers.phase(&PodUid::from("uid-1")),
+            Some(WorkerPhase::Terminated { cleaned_up: true })
+        );
+        let forgotten = f.workers.forget_finished(&HashSet::new());
+        assert_eq!(forgotten, vec![PodUid::from("uid-1")]);
+        assert!(f.workers.known_pods().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_terminal_pod_terminates_and_stays_known_while_wanted() {
+        let mut f = fixture(true, false, 10);
+        f.workers.update_pod(update("done", UpdateType::Create));
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("done".into(), UpdateType::Create))
+        );
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(false)));
+        let wanted: HashSet<PodUid> = [PodUid::from("uid-1")].into();
+        assert!(f.workers.forget_finished(&wanted).is_empty());
+        assert!(!f.workers.is_pod_active(&PodUid::from("uid-1")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_termination_is_retried_through_the_work_queue() {
+        let mut f = fixture(false, true, 10);
+        let mut kill = update("v1", UpdateType::Kill);
+        kill.pod_removed = true;
+        f.workers.update_pod(kill);
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
+        tokio::task::yield_now().await;
+        assert!(
+            f.queue.take_due().is_empty(),
+            "retry must wait for the back-off"
+        );
+        tokio::time::advance(SYNC_BACKOFF_PERIOD).await;
+        assert_eq!(f.queue.take_due(), vec![PodUid::from("uid-1")]);
+        relist(&f.workers).await;
+        f.workers.update_pod(update("v1", UpdateType::Sync));
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(true)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_successful_sync_is_requeued_after_the_resync_interval() {
+        let mut f = fixture(false, false, 10);
+        f.workers.update_pod(update("v1", UpdateType::Create));
+        f.calls.recv().await;
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(f.queue.take_due().is_empty());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(f.queue.take_due(), vec![PodUid::from("uid-1")]);
+    }
+}

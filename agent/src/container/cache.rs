@@ -68,11 +68,12 @@ impl PodCache {
         self.changed.notify_waiters();
     }
 
-    fn newer_than(&self, uid: &PodUid, min: Instant) -> Option<Arc<PodStatus>> {
+    fn newer_than(&self, uid: &PodUid, min: Option<Instant>) -> Option<Arc<PodStatus>> {
         let state = self.lock();
         let entry = state.pods.get(uid);
+        let after_min = |t: Instant| min.is_none_or(|min| t > min);
         let fresh =
-            entry.is_some_and(|e| e.modified > min) || state.global.is_some_and(|g| g > min);
+            entry.is_some_and(|e| after_min(e.modified)) || state.global.is_some_and(after_min);
         fresh.then(|| {
             entry.map_or_else(
                 || {
@@ -87,8 +88,9 @@ impl PodCache {
     }
 
     /// The pod's status once the cache is newer than `min`: either the pod's own entry or the whole
-    /// cache. A pod the runtime does not know yields an empty status.
-    pub async fn get_newer_than(&self, uid: &PodUid, min: Instant) -> Arc<PodStatus> {
+    /// cache. A pod the runtime does not know yields an empty status. `None` accepts any entry, or
+    /// waits for the first full relist when there is none.
+    pub async fn get_newer_than(&self, uid: &PodUid, min: Option<Instant>) -> Arc<PodStatus> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -121,7 +123,7 @@ mod tests {
         cache.set(status("a", "old"), before);
         let waiter = tokio::spawn({
             let cache = Arc::clone(&cache);
-            async move { cache.get_newer_than(&PodUid::from("a"), before).await }
+            async move { cache.get_newer_than(&PodUid::from("a"), Some(before)).await }
         });
         tokio::time::advance(Duration::from_millis(5)).await;
         tokio::task::yield_now().await;
@@ -140,7 +142,9 @@ mod tests {
         let min = Instant::now();
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.update_time(Instant::now());
-        let got = cache.get_newer_than(&PodUid::from("unknown"), min).await;
+        let got = cache
+            .get_newer_than(&PodUid::from("unknown"), Some(min))
+            .await;
         assert_eq!(got.uid, PodUid::from("unknown"));
         assert!(got.containers.is_empty());
     }
