@@ -11,7 +11,6 @@ pub mod kuberuntime;
 pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;
-pub mod runonce;
 pub mod server;
 pub mod status;
 pub mod volumes;

@@ -1,3 +1,201 @@
-//! The `ringlet` binary: parses flags and configuration and runs the agent.
+//! The `ringlet` binary (the kubelet's `cmd/kubelet`): parses flags and the KubeletConfiguration,
+//! builds the CRI runtime, the pod sources and the agent core, serves the read-only and healthz
+//! listeners, and runs until SIGINT/SIGTERM. Running containers are left alone on exit, so a restarted
+//! agent adopts them.
 
-fn main() {}
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ringlet::apis::config::{self, AgentConfig};
+use ringlet::cm::PodContainerManager;
+use ringlet::container::Runtime;
+use ringlet::events::Recorder;
+use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
+use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager};
+use ringlet::podconfig::{self, PodConfigOptions};
+use ringlet::server;
+use tokio::sync::watch;
+
+/// The relist PLEG's period (the kubelet's 1 s).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
+
+fn main() -> ExitCode {
+    let (config, warnings) = match config::load(std::env::args_os()) {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            eprintln!("ringlet: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(config.verbosity);
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("ringlet: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(code) => code,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            eprintln!("ringlet: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(verbosity: u8) {
+    let default = match verbosity {
+        0..=1 => "info",
+        2..=3 => "ringlet=debug,info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RINGLET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
+    let kc = &config.kubelet;
+    std::fs::create_dir_all(config.root_dir.join("pods")).with_context(|| {
+        format!(
+            "cannot create the root directory {}",
+            config.root_dir.display()
+        )
+    })?;
+    let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
+    let pod_cgroups = Arc::new(PodContainerManager::new(
+        kc.cgroup_root.clone(),
+        kc.cgroup_driver,
+    ));
+    let helper = Arc::new(NodeHelper {
+        node_name: config.node_name.clone(),
+        root_dir: config.root_dir.clone(),
+        pod_cgroups: Arc::clone(&pod_cgroups),
+    });
+    let cri = CriClient::connect_lazy(&kc.container_runtime_endpoint, kc.runtime_request_timeout)
+        .context("cannot set up the CRI client")?;
+    let runtime: Arc<dyn Runtime> = Arc::new(KubeGenericRuntimeManager::new(cri, helper));
+    let (updates, sources_ready) = podconfig::start(
+        PodConfigOptions {
+            node_name: config.node_name.clone(),
+            manifest_path: kc.static_pod_path.clone(),
+            file_check_frequency: kc.file_check_frequency,
+            manifest_url: kc.static_pod_url.clone(),
+            manifest_url_headers: kc.static_pod_url_header.clone(),
+            http_check_frequency: kc.http_check_frequency,
+        },
+        recorder.clone(),
+    );
+    let kubelet = Kubelet::new(
+        KubeletSettings {
+            node_name: config.node_name.clone(),
+            root_dir: config.root_dir.clone(),
+            sync_frequency: kc.sync_frequency,
+            max_pods: kc.max_pods,
+            max_dead_containers_per_container: config.max_dead_containers_per_container,
+            relist_period: RELIST_PERIOD,
+        },
+        runtime,
+        pod_cgroups,
+        recorder,
+    );
+
+    if config.runonce {
+        let results = kubelet
+            .run_once(updates, sources_ready)
+            .await
+            .map_err(|err| anyhow::anyhow!("runonce failed: {err}"))?;
+        let mut failed = 0;
+        for result in &results {
+            match &result.outcome {
+                Ok(()) => println!("{}: running", result.pod),
+                Err(err) => {
+                    failed += 1;
+                    println!("{}: failed: {err}", result.pod);
+                }
+            }
+        }
+        println!(
+            "{} pods, {} running, {failed} failed",
+            results.len(),
+            results.len() - failed
+        );
+        return Ok(if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+
+    let host = kubelet.server_host();
+    let (stop_servers, servers_stopped) = watch::channel(false);
+    let shutdown = move || {
+        let mut stopped = servers_stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    };
+    let mut servers = Vec::new();
+    if kc.healthz_port != 0 {
+        let addr = (kc.healthz_bind_address, kc.healthz_port).into();
+        let listener = server::bind(addr).await?;
+        tracing::info!(%addr, "serving healthz");
+        servers.push(tokio::spawn(server::serve_healthz(
+            listener,
+            host.clone(),
+            shutdown(),
+        )));
+    }
+    if kc.read_only_port != 0 {
+        let addr = (kc.address, kc.read_only_port).into();
+        let listener = server::bind(addr).await?;
+        tracing::info!(%addr, "serving the read-only API");
+        servers.push(tokio::spawn(server::serve_read_only(
+            listener,
+            host.clone(),
+            shutdown(),
+        )));
+    }
+
+    tracing::info!(node = %config.node_name, "ringlet started");
+    tokio::select! {
+        () = kubelet.run(updates, sources_ready) => {}
+        () = termination_signal() => tracing::info!("shutting down; running containers are left alone"),
+    }
+    let _ = stop_servers.send(true);
+    for server in servers {
+        if let Ok(Err(err)) = server.await {
+            tracing::warn!(%err, "server stopped with an error");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn termination_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(err) => {
+            tracing::warn!(%err, "cannot watch SIGTERM; only Ctrl-C stops the agent");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

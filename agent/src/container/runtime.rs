@@ -188,8 +188,10 @@ pub struct PodSyncResult {
 
 impl PodSyncResult {
     /// The first failed step, if any; the pod worker retries after its back-off period.
-    pub fn first_failure(&self) -> Option<&SyncResult> {
-        self.results.iter().find(|r| r.failure.is_some())
+    pub fn first_failure(&self) -> Option<(&SyncResult, &SyncFailure)> {
+        self.results
+            .iter()
+            .find_map(|r| r.failure.as_ref().map(|f| (r, f)))
     }
 }
 

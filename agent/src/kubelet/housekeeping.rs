@@ -1,0 +1,122 @@
+//! Housekeeping (the kubelet's `HandlePodCleanups` plus container GC): forget finished workers, drop
+//! orphaned statuses, stop runtime pods no source wants, remove dead containers and sandboxes, and
+//! remove pod cgroups nothing uses. Runs only once every source is ready, so a slow source never gets
+//! its pods killed.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cm::PodContainerManager;
+use crate::container::{PodUid, Runtime};
+use crate::pod_workers::PodWorkers;
+use crate::status::StatusManager;
+
+use super::PodManager;
+
+/// Container GC runs at least this often (the kubelet's 1 min), and sooner when asked.
+const GC_PERIOD: Duration = Duration::from_secs(60);
+
+pub struct Housekeeping {
+    runtime: Arc<dyn Runtime>,
+    pod_cgroups: Arc<PodContainerManager>,
+    max_dead_containers_per_container: usize,
+    gc_requested: bool,
+    last_gc: Option<Instant>,
+    /// Orphaned runtime pods being stopped, so a slow stop is not started twice.
+    killing: Arc<Mutex<HashSet<PodUid>>>,
+}
+
+impl Housekeeping {
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        pod_cgroups: Arc<PodContainerManager>,
+        max_dead_containers_per_container: usize,
+    ) -> Self {
+        Self {
+            runtime,
+            pod_cgroups,
+            max_dead_containers_per_container,
+            gc_requested: true,
+            last_gc: None,
+            killing: Arc::default(),
+        }
+    }
+
+    /// Asks for container GC at the next housekeeping round (a container died, a pod went away).
+    pub fn request_gc(&mut self) {
+        self.gc_requested = true;
+    }
+
+    pub async fn run(&mut self, pods: &PodManager, workers: &PodWorkers, status: &StatusManager) {
+        let desired = pods.uids();
+        workers.forget_finished(&desired);
+        let known = workers.known_pods();
+        let keep: HashSet<PodUid> = desired.union(&known).cloned().collect();
+        status.remove_orphans(&keep);
+
+        let running = match self.runtime.get_pods(false).await {
+            Ok(running) => running,
+            Err(err) => {
+                tracing::warn!(%err, "housekeeping: cannot list running pods");
+                return;
+            }
+        };
+        for orphan in running.iter().filter(|p| !keep.contains(&p.uid)) {
+            self.kill_orphan(orphan.clone());
+        }
+
+        let gc_due = self.last_gc.is_none_or(|t| t.elapsed() >= GC_PERIOD);
+        if self.gc_requested || gc_due {
+            self.gc_requested = false;
+            self.last_gc = Some(Instant::now());
+            if let Err(err) = self
+                .runtime
+                .garbage_collect(self.max_dead_containers_per_container, &keep)
+                .await
+            {
+                tracing::warn!(%err, "container garbage collection failed");
+            }
+        }
+
+        let in_runtime: HashSet<&PodUid> = running.iter().map(|p| &p.uid).collect();
+        match self.pod_cgroups.list_pod_cgroups() {
+            Ok(cgroups) => {
+                for (uid, path) in cgroups {
+                    if keep.contains(&uid) || in_runtime.contains(&uid) {
+                        continue;
+                    }
+                    if let Err(err) = self.pod_cgroups.destroy_path(&path) {
+                        tracing::warn!(%uid, %err, "cannot remove orphaned pod cgroup");
+                    }
+                }
+            }
+            Err(err) => tracing::warn!(%err, "cannot list pod cgroups"),
+        }
+    }
+
+    fn kill_orphan(&self, pod: crate::container::RunningPod) {
+        let inserted = self
+            .killing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pod.uid.clone());
+        if !inserted {
+            return;
+        }
+        let runtime = Arc::clone(&self.runtime);
+        let killing = Arc::clone(&self.killing);
+        tokio::spawn(async move {
+            tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "stopping a pod no source wants");
+            if let Err(err) = runtime.kill_pod(None, &pod, None).await {
+                tracing::warn!(uid = %pod.uid, %err, "cannot stop orphaned pod");
+            }
+            killing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&pod.uid);
+        });
+    }
+}

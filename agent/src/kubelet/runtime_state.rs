@@ -1,0 +1,87 @@
+//! Runtime health as the sync loop and `/healthz` see it (the kubelet's `runtimeState` and
+//! `updateRuntimeUp`): whether the runtime answered its last `Status` call and reported ready, whether
+//! pod networking is ready, and when the sync loop last went round.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::container::Runtime;
+
+#[derive(Default)]
+struct State {
+    runtime_error: Option<String>,
+    network_error: Option<String>,
+    sync_loop_seen: Option<Instant>,
+}
+
+/// Cloneable handle to the runtime state.
+#[derive(Clone, Default)]
+pub struct RuntimeState {
+    state: Arc<Mutex<State>>,
+}
+
+/// How often the runtime's `Status` is polled (the kubelet's 5 s).
+pub const RUNTIME_UP_PERIOD: Duration = Duration::from_secs(5);
+
+impl RuntimeState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Why pods cannot be synced now, if they cannot. Before the first `Status` answer the runtime
+    /// counts as unavailable.
+    pub fn runtime_error(&self) -> Option<String> {
+        self.lock().runtime_error.clone()
+    }
+
+    /// Why pod networking is not ready, if it is not (host-network pods still start).
+    pub fn network_error(&self) -> Option<String> {
+        self.lock().network_error.clone()
+    }
+
+    pub fn mark_sync_loop_seen(&self) {
+        self.lock().sync_loop_seen = Some(Instant::now());
+    }
+
+    /// The `/healthz` syncloop check: the loop went round within `threshold`.
+    pub fn sync_loop_healthy(&self, threshold: Duration) -> Result<(), String> {
+        match self.lock().sync_loop_seen {
+            None => Err("sync loop has not started yet".to_owned()),
+            Some(seen) if seen.elapsed() > threshold => Err(format!(
+                "sync loop last went round {:.1}s ago; threshold is {:.0}s",
+                seen.elapsed().as_secs_f64(),
+                threshold.as_secs_f64()
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// One `updateRuntimeUp` round: asks the runtime for its status and records the outcome.
+    pub async fn update_runtime_up(&self, runtime: &dyn Runtime) {
+        let (runtime_error, network_error) = match runtime.status().await {
+            Ok(status) => (status.runtime_not_ready(), status.network_not_ready()),
+            Err(err) => {
+                let message = format!("container runtime is down: {err}");
+                (Some(message.clone()), Some(message))
+            }
+        };
+        let mut state = self.lock();
+        if state.runtime_error != runtime_error {
+            match &runtime_error {
+                Some(err) => tracing::warn!("{err}"),
+                None => tracing::info!("container runtime is ready"),
+            }
+        }
+        state.runtime_error = runtime_error;
+        state.network_error = network_error;
+    }
+
+    /// Marks the runtime unavailable until the first `Status` answer.
+    pub fn new_unknown() -> Self {
+        let state = Self::default();
+        state.lock().runtime_error = Some("container runtime status not checked yet".to_owned());
+        state
+    }
+}

@@ -1,0 +1,84 @@
+//! What the HTTP servers see of the kubelet (the kubelet's `HostInterface` for `pkg/kubelet/server`),
+//! and what the CRI runtime manager asks of it (`RuntimeHelper`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cm::PodContainerManager;
+use crate::container::PodUid;
+use crate::kuberuntime::RuntimeHelper;
+use crate::pleg::PlegHandle;
+use crate::server::{HealthCheck, ServerHost};
+use crate::status::StatusManager;
+
+use super::{PodManager, RuntimeState, pod_uid};
+
+/// The desired pods with the status the status manager holds for each.
+pub fn pods_with_status(pods: &PodManager, status: &StatusManager) -> Vec<Pod> {
+    pods.pods()
+        .into_iter()
+        .map(|mut pod| {
+            if let Some(uid) = pod_uid(&pod) {
+                pod.status = status.get_pod_status(&uid);
+            }
+            pod
+        })
+        .collect()
+}
+
+pub struct KubeletServerHost {
+    pub pods: PodManager,
+    pub status: StatusManager,
+    pub runtime_state: RuntimeState,
+    pub pleg: PlegHandle,
+    pub sync_loop_threshold: Duration,
+}
+
+impl ServerHost for KubeletServerHost {
+    fn pods(&self) -> Vec<Pod> {
+        pods_with_status(&self.pods, &self.status)
+    }
+
+    fn health_checks(&self) -> Vec<HealthCheck> {
+        vec![
+            HealthCheck {
+                name: "ping",
+                result: Ok(()),
+            },
+            HealthCheck {
+                name: "syncloop",
+                result: self
+                    .runtime_state
+                    .sync_loop_healthy(self.sync_loop_threshold),
+            },
+            HealthCheck {
+                name: "pleg",
+                result: self.pleg.healthy(),
+            },
+        ]
+    }
+}
+
+/// Node facts the CRI runtime manager needs to build sandbox and container configs.
+pub struct NodeHelper {
+    pub node_name: String,
+    pub root_dir: PathBuf,
+    pub pod_cgroups: Arc<PodContainerManager>,
+}
+
+impl RuntimeHelper for NodeHelper {
+    fn pod_cgroup_parent(&self, pod: &Pod) -> String {
+        self.pod_cgroups.cgroup_parent_for_runtime(pod)
+    }
+
+    fn pod_dir(&self, uid: &PodUid) -> PathBuf {
+        self.root_dir.join("pods").join(uid.as_str())
+    }
+
+    fn node_name(&self) -> &str {
+        &self.node_name
+    }
+}
