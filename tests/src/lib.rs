@@ -1,1 +1,417 @@
-//! (being written)
+//! Harness for ringlet's privileged end-to-end tests: they run the real `ringlet` binary as root
+//! against the lab's real containerd and runc (`cargo xtask lab up`), with a private root dir,
+//! manifest dir and ports per test, and clean up the pods they started even when they fail.
+//!
+//! A test that cannot run here (not root, no containerd) prints SKIP with the reason; with `CI=true`
+//! that is a failure instead, so CI never passes by skipping.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value;
+
+/// The containerd socket the lab starts.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// Whether the privileged suite can run here; `None` when it can, else why not.
+fn missing_prerequisite() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root".to_owned());
+    }
+    if !Path::new(CONTAINERD_SOCKET).exists() {
+        return Some(format!(
+            "containerd socket {CONTAINERD_SOCKET} is missing (run `cargo xtask lab up`)"
+        ));
+    }
+    let answers = Command::new("ctr")
+        .args(["--address", CONTAINERD_SOCKET, "version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !answers {
+        return Some("containerd does not answer `ctr version`".to_owned());
+    }
+    None
+}
+
+/// Returns `true` when the test may go on; prints SKIP and returns `false` when it cannot run here,
+/// and panics instead under `CI=true`.
+pub fn require_lab(test: &str) -> bool {
+    match missing_prerequisite() {
+        None => true,
+        Some(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{test}: cannot run in CI: {reason}")
+        }
+        Some(reason) => {
+            eprintln!("SKIP {test}: {reason}");
+            false
+        }
+    }
+}
+
+/// Path of the `ringlet` binary, built once per test process.
+fn ringlet_binary() -> Result<PathBuf> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .ok_or("tests/ has no parent")?
+                .to_path_buf();
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "-p", "ringlet", "--bin", "ringlet"])
+                .current_dir(&workspace)
+                .status()
+                .map_err(|e| format!("cannot run cargo build: {e}"))?;
+            if !status.success() {
+                return Err("cargo build -p ringlet failed".to_owned());
+            }
+            let target = std::env::var("CARGO_TARGET_DIR")
+                .map_or_else(|_| workspace.join("target"), PathBuf::from);
+            Ok(target.join("debug").join("ringlet"))
+        })
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+/// A free TCP port on loopback (bound and released; the agent binds it right after).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One HTTP/1.1 GET over a fresh connection; returns (status code, body).
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("malformed HTTP response"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("no status code in {head:?}"))?;
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Ok((code, body))
+}
+
+fn dechunk(mut body: &str) -> Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body
+            .split_once("\r\n")
+            .ok_or_else(|| anyhow!("bad chunk"))?;
+        let size = usize::from_str_radix(size.trim(), 16)?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..size).ok_or_else(|| anyhow!("short chunk"))?);
+        body = rest.get(size + 2..).ok_or_else(|| anyhow!("short chunk"))?;
+    }
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout` with `what`.
+/// The timeout is an upper bound on a real process's progress, not a synchronisation device.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Settings for one agent under test.
+pub struct AgentOptions {
+    pub manifest_url: Option<String>,
+    /// Extra flags.
+    pub args: Vec<String>,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        Self {
+            manifest_url: None,
+            args: Vec::new(),
+        }
+    }
+}
+
+/// A running `ringlet` with its own directories and ports. Dropping it removes its manifests, waits
+/// (bounded) for its pods to be gone, and stops it.
+pub struct Agent {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub node: String,
+    pub read_only_port: u16,
+    pub healthz_port: u16,
+    options_args: Vec<String>,
+}
+
+impl Agent {
+    pub fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// Starts an agent named after the test (the node name, so pod names are unique per test).
+    pub fn start(test: &str, options: AgentOptions) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("ringlet-e2e-").tempdir()?;
+        fs::create_dir_all(dir.path().join("manifests"))?;
+        let node = format!("e2e-{}", test.replace('_', "-"));
+        let mut args = vec![
+            "--pod-manifest-path".to_owned(),
+            dir.path().join("manifests").display().to_string(),
+            "--file-check-frequency".to_owned(),
+            "2s".to_owned(),
+            "--http-check-frequency".to_owned(),
+            "1s".to_owned(),
+        ];
+        if let Some(url) = &options.manifest_url {
+            args.extend(["--manifest-url".to_owned(), url.clone()]);
+        }
+        args.extend(options.args);
+        let mut agent = Self {
+            child: None,
+            dir,
+            node,
+            read_only_port: free_port()?,
+            healthz_port: free_port()?,
+            options_args: args,
+        };
+        agent.spawn()?;
+        Ok(agent)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("agent.log"))?;
+        let child = Command::new(ringlet_binary()?)
+            .args(&self.options_args)
+            .args([
+                "--root-dir",
+                &self.root_dir().display().to_string(),
+                "--hostname-override",
+                &self.node,
+                "--read-only-port",
+                &self.read_only_port.to_string(),
+                "--healthz-port",
+                &self.healthz_port.to_string(),
+                "--container-runtime-endpoint",
+                &format!("unix://{CONTAINERD_SOCKET}"),
+            ])
+            .env("RINGLET_LOG", "ringlet=debug,info")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start ringlet")?;
+        self.child = Some(child);
+        wait_for("the agent's healthz port", Duration::from_secs(30), || {
+            http_get(self.healthz_port, "/healthz").ok()
+        })?;
+        Ok(())
+    }
+
+    /// The agent's log so far (for assertion messages).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Stops the agent with SIGKILL, as a crash would; its containers keep running.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the agent again with the same directories and ports.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        self.spawn()
+    }
+
+    /// Writes a manifest file into the manifest directory.
+    pub fn write_manifest(&self, file: &str, content: &str) -> Result<()> {
+        let tmp = self.dir.path().join(format!(".{file}.tmp"));
+        fs::write(&tmp, content)?;
+        fs::rename(&tmp, self.manifests().join(file))?;
+        Ok(())
+    }
+
+    pub fn remove_manifest(&self, file: &str) -> Result<()> {
+        fs::remove_file(self.manifests().join(file))?;
+        Ok(())
+    }
+
+    /// The `items` of `/pods`.
+    pub fn pods(&self) -> Result<Vec<Value>> {
+        let (code, body) = http_get(self.read_only_port, "/pods")?;
+        if code != 200 {
+            bail!("/pods answered {code}: {body}");
+        }
+        let list: Value = serde_json::from_str(&body)?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The pod called `<name>-<node>` on `/pods`, if present.
+    pub fn pod(&self, name: &str) -> Option<Value> {
+        let full = format!("{name}-{}", self.node);
+        self.pods()
+            .ok()?
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == full.as_str())
+    }
+
+    /// Waits until `check` accepts the pod's `/pods` entry, and returns it.
+    pub fn wait_pod(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        wait_for(&format!("pod {name}: {what}"), timeout, || {
+            self.pod(name).filter(|p| check(p))
+        })
+        .with_context(|| format!("agent log:\n{}", tail(&self.log(), 60)))
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.is_none() && self.spawn().is_err() {
+            return;
+        }
+        if let Ok(entries) = fs::read_dir(self.manifests()) {
+            for entry in entries.flatten() {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+        let node = self.node.clone();
+        let _ = wait_for("the test's pods to be removed", Duration::from_secs(60), || {
+            let left = containers_of_node(&node).ok()?;
+            left.is_empty().then_some(())
+        });
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: `pid` is our own child, not yet reaped, so it cannot name another process.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The pod state of one container on a `/pods` entry: `running`, `waiting` or `terminated`.
+pub fn container_status<'a>(pod: &'a Value, container: &str) -> Option<&'a Value> {
+    pod["status"]["containerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == container)
+}
+
+pub fn phase(pod: &Value) -> &str {
+    pod["status"]["phase"].as_str().unwrap_or_default()
+}
+
+/// Ids of the containerd containers (sandboxes included) whose pod name ends with `-<node>`.
+pub fn containers_of_node(node: &str) -> Result<Vec<String>> {
+    let out = Command::new("ctr")
+        .args([
+            "--address",
+            CONTAINERD_SOCKET,
+            "-n",
+            "k8s.io",
+            "containers",
+            "ls",
+            "--quiet",
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!("ctr containers ls failed");
+    }
+    let suffix = format!("-{node}");
+    let mut ids = Vec::new();
+    for id in String::from_utf8_lossy(&out.stdout).lines() {
+        let info = Command::new("ctr")
+            .args([
+                "--address",
+                CONTAINERD_SOCKET,
+                "-n",
+                "k8s.io",
+                "containers",
+                "info",
+                id,
+            ])
+            .output()?;
+        let Ok(info): Result<Value, _> = serde_json::from_slice(&info.stdout) else {
+            continue;
+        };
+        let name = info["Labels"]["io.kubernetes.pod.name"]
+            .as_str()
+            .unwrap_or_default();
+        if name.ends_with(&suffix) {
+            ids.push(id.to_owned());
+        }
+    }
+    Ok(ids)
+}
+
+/// A manifest of a one-container busybox pod running `command` under `restart_policy`.
+pub fn busybox_pod(name: &str, restart_policy: &str, command: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  hostNetwork: true
+  restartPolicy: {restart_policy}
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: busybox
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", {command:?}]
+"#
+    )
+}

@@ -1,0 +1,347 @@
+//! End-to-end: static pods from a manifest directory and a manifest URL, run by the real `ringlet`
+//! binary on the lab's containerd. Run as root after `cargo xtask lab up`, one test at a time
+//! (`--test-threads=1`: every agent cleans up every ringlet pod it does not know).
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use anyhow::Result;
+use ringlet_tests::{
+    Agent, AgentOptions, busybox_pod, container_status, containers_of_node, http_get, phase,
+    require_lab, wait_for,
+};
+use serde_json::Value;
+
+/// Upper bound for a pod to start on this machine (image present, sandbox ~0.1 s, containers ~0.1 s).
+const START: Duration = Duration::from_secs(60);
+
+fn running(pod: &Value, container: &str) -> bool {
+    container_status(pod, container).is_some_and(|c| c["state"]["running"].is_object())
+}
+
+fn container_id(pod: &Value, container: &str) -> String {
+    container_status(pod, container)
+        .and_then(|c| c["containerID"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn condition(pod: &Value, kind: &str) -> String {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn a_static_pod_runs_on_the_pod_network_and_is_listed() -> Result<()> {
+    if !require_lab("a_static_pod_runs_on_the_pod_network_and_is_listed") {
+        return Ok(());
+    }
+    let agent = Agent::start("runs", AgentOptions::default())?;
+    agent.write_manifest(
+        "web.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: busybox
+    command: ["sh", "-c", "echo $POD_NAME > /tmp/name; exec sleep 3600"]
+    env:
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+"#,
+    )?;
+    let pod = agent.wait_pod("web", "running", START, |p| {
+        phase(p) == "Running" && running(p, "main")
+    })?;
+    assert_eq!(pod["metadata"]["namespace"], "default");
+    assert_eq!(pod["spec"]["nodeName"], agent.node.as_str());
+    assert_eq!(pod["metadata"]["annotations"]["kubernetes.io/config.source"], "file");
+    assert_eq!(condition(&pod, "Ready"), "True");
+    assert_eq!(condition(&pod, "Initialized"), "True");
+    assert_eq!(pod["status"]["qosClass"], "BestEffort");
+    let pod_ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+    assert!(pod_ip.starts_with("10.88."), "pod IP {pod_ip:?} is not from the lab's CNI range");
+    assert!(container_id(&pod, "main").starts_with("containerd://"));
+    let (code, body) = http_get(agent.healthz_port, "/healthz")?;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    Ok(())
+}
+
+#[test]
+fn editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it() -> Result<()> {
+    if !require_lab("editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it") {
+        return Ok(());
+    }
+    let agent = Agent::start("edit", AgentOptions::default())?;
+    agent.write_manifest("app.yaml", &busybox_pod("app", "Always", "exec sleep 3600"))?;
+    let first = agent.wait_pod("app", "running", START, |p| running(p, "main"))?;
+    let first_uid = first["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+    let first_container = container_id(&first, "main");
+
+    agent.write_manifest("app.yaml", &busybox_pod("app", "Always", "exec sleep 3601"))?;
+    let second = agent.wait_pod("app", "replaced and running", START, |p| {
+        p["metadata"]["uid"] != first_uid.as_str() && running(p, "main")
+    })?;
+    assert_ne!(container_id(&second, "main"), first_container);
+    let old_id = first_container.trim_start_matches("containerd://").to_owned();
+    wait_for("the old container to be removed", START, || {
+        let left = containers_of_node(&agent.node).ok()?;
+        (!left.contains(&old_id)).then_some(())
+    })?;
+
+    agent.remove_manifest("app.yaml")?;
+    wait_for("the pod to leave /pods", START, || {
+        agent.pod("app").is_none().then_some(())
+    })?;
+    wait_for("every container and sandbox of the pod to be removed", START, || {
+        containers_of_node(&agent.node).ok()?.is_empty().then_some(())
+    })?;
+    Ok(())
+}
+
+#[test]
+fn a_failing_container_is_restarted_with_back_off() -> Result<()> {
+    if !require_lab("a_failing_container_is_restarted_with_back_off") {
+        return Ok(());
+    }
+    let agent = Agent::start("crash", AgentOptions::default())?;
+    agent.write_manifest("crash.yaml", &busybox_pod("crash", "Always", "exit 3"))?;
+    let pod = agent.wait_pod("crash", "restarted once", START, |p| {
+        container_status(p, "main").is_some_and(|c| c["restartCount"].as_u64() >= Some(1))
+    })?;
+    let main = container_status(&pod, "main").cloned().unwrap_or_default();
+    assert_eq!(main["lastState"]["terminated"]["exitCode"], 3);
+    assert_eq!(main["lastState"]["terminated"]["reason"], "Error");
+    let backing_off = agent.wait_pod("crash", "in CrashLoopBackOff", START, |p| {
+        container_status(p, "main")
+            .is_some_and(|c| c["state"]["waiting"]["reason"] == "CrashLoopBackOff")
+    })?;
+    assert_eq!(phase(&backing_off), "Running");
+    assert_eq!(condition(&backing_off, "Ready"), "False");
+    Ok(())
+}
+
+#[test]
+fn an_on_failure_pod_that_exits_zero_succeeds() -> Result<()> {
+    if !require_lab("an_on_failure_pod_that_exits_zero_succeeds") {
+        return Ok(());
+    }
+    let agent = Agent::start("onfailure", AgentOptions::default())?;
+    agent.write_manifest("job.yaml", &busybox_pod("job", "OnFailure", "echo done"))?;
+    let pod = agent.wait_pod("job", "Succeeded", START, |p| phase(p) == "Succeeded")?;
+    let main = container_status(&pod, "main").cloned().unwrap_or_default();
+    assert_eq!(main["state"]["terminated"]["exitCode"], 0);
+    assert_eq!(main["state"]["terminated"]["reason"], "Completed");
+    assert_eq!(main["restartCount"], 0);
+    Ok(())
+}
+
+#[test]
+fn a_container_past_its_memory_limit_reports_oom_killed() -> Result<()> {
+    if !require_lab("a_container_past_its_memory_limit_reports_oom_killed") {
+        return Ok(());
+    }
+    let agent = Agent::start("oom", AgentOptions::default())?;
+    agent.write_manifest(
+        "hog.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hog
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: busybox
+    command: ["sh", "-c", "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${#a}"]
+    resources:
+      limits: {memory: 32Mi}
+"#,
+    )?;
+    let pod = agent.wait_pod("hog", "Failed", START, |p| phase(p) == "Failed")?;
+    let main = container_status(&pod, "main").cloned().unwrap_or_default();
+    assert_eq!(main["state"]["terminated"]["reason"], "OOMKilled", "{main}");
+    assert_eq!(main["state"]["terminated"]["exitCode"], 137);
+    assert_eq!(pod["status"]["qosClass"], "Burstable");
+    Ok(())
+}
+
+#[test]
+fn a_failed_init_container_fails_a_never_restart_pod() -> Result<()> {
+    if !require_lab("a_failed_init_container_fails_a_never_restart_pod") {
+        return Ok(());
+    }
+    let agent = Agent::start("initfail", AgentOptions::default())?;
+    agent.write_manifest(
+        "init.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: init
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  initContainers:
+  - name: setup
+    image: busybox
+    command: ["sh", "-c", "exit 7"]
+  containers:
+  - name: main
+    image: busybox
+    command: ["sleep", "3600"]
+"#,
+    )?;
+    let pod = agent.wait_pod("init", "Failed", START, |p| phase(p) == "Failed")?;
+    let setup = pod["status"]["initContainerStatuses"]
+        .as_array()
+        .and_then(|s| s.iter().find(|c| c["name"] == "setup"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(setup["state"]["terminated"]["exitCode"], 7);
+    assert_eq!(condition(&pod, "Initialized"), "False");
+    let main = container_status(&pod, "main").cloned().unwrap_or_default();
+    assert!(
+        main["state"]["running"].is_null() && main["state"]["terminated"].is_null(),
+        "main must never have started: {main}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_restarted_agent_adopts_running_containers() -> Result<()> {
+    if !require_lab("a_restarted_agent_adopts_running_containers") {
+        return Ok(());
+    }
+    let mut agent = Agent::start("restart", AgentOptions::default())?;
+    agent.write_manifest("keep.yaml", &busybox_pod("keep", "Always", "exec sleep 3600"))?;
+    let before = agent.wait_pod("keep", "running", START, |p| running(p, "main"))?;
+    let containers_before = containers_of_node(&agent.node)?;
+    agent.kill()?;
+    agent.restart()?;
+    let after = agent.wait_pod("keep", "running after the restart", START, |p| {
+        running(p, "main") && phase(p) == "Running"
+    })?;
+    assert_eq!(container_id(&after, "main"), container_id(&before, "main"));
+    assert_eq!(container_status(&after, "main").map(|c| c["restartCount"].clone()), Some(0.into()));
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    let mut containers_after = containers_of_node(&agent.node)?;
+    let mut containers_before = containers_before;
+    containers_after.sort();
+    containers_before.sort();
+    assert_eq!(containers_after, containers_before, "no container may be recreated");
+    Ok(())
+}
+
+#[test]
+fn a_broken_manifest_does_not_affect_a_good_one() -> Result<()> {
+    if !require_lab("a_broken_manifest_does_not_affect_a_good_one") {
+        return Ok(());
+    }
+    let agent = Agent::start("broken", AgentOptions::default())?;
+    agent.write_manifest("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata: [not, a, map\n")?;
+    agent.write_manifest("good.yaml", &busybox_pod("good", "Always", "exec sleep 3600"))?;
+    agent.wait_pod("good", "running", START, |p| running(p, "main"))?;
+    assert_eq!(agent.pods()?.len(), 1);
+    let events = wait_for("an event naming the broken file", START, || {
+        let log = std::fs::read_to_string(agent.root_dir().join("events.log")).ok()?;
+        log.lines().any(|l| l.contains("bad.yaml")).then_some(log)
+    })?;
+    assert!(events.contains("Warning"));
+    Ok(())
+}
+
+/// A one-file HTTP server on loopback that serves `body` until dropped.
+struct ManifestServer {
+    port: u16,
+    body: Arc<Mutex<String>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl ManifestServer {
+    fn start(body: String) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let body = Arc::new(Mutex::new(body));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = thread::spawn({
+            let body = Arc::clone(&body);
+            let stop = Arc::clone(&stop);
+            move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((mut stream, _)) => {
+                            let _ = stream.set_nonblocking(false);
+                            let mut request = [0u8; 4096];
+                            let _ = stream.read(&mut request);
+                            let text = body.lock().map(|b| b.clone()).unwrap_or_default();
+                            let _ = write!(
+                                stream,
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                                text.len()
+                            );
+                        }
+                        Err(_) => thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            port,
+            body,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for ManifestServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[test]
+fn the_manifest_url_source_runs_and_removes_pods() -> Result<()> {
+    if !require_lab("the_manifest_url_source_runs_and_removes_pods") {
+        return Ok(());
+    }
+    let server = ManifestServer::start(busybox_pod("remote", "Always", "exec sleep 3600"))?;
+    let agent = Agent::start(
+        "url",
+        AgentOptions {
+            manifest_url: Some(format!("http://127.0.0.1:{}/pods.yaml", server.port)),
+            args: Vec::new(),
+        },
+    )?;
+    let pod = agent.wait_pod("remote", "running", START, |p| running(p, "main"))?;
+    assert_eq!(pod["metadata"]["annotations"]["kubernetes.io/config.source"], "http");
+    if let Ok(mut body) = server.body.lock() {
+        body.clear();
+    }
+    wait_for("the remote pod to be removed", START, || {
+        agent.pod("remote").is_none().then_some(())
+    })?;
+    Ok(())
+}
