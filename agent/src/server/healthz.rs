@@ -41,19 +41,19 @@ impl RootQuery {
 /// Failure reasons are withheld because the endpoint is unauthenticated; they go to the log and to
 /// the per-check endpoints instead.
 pub(crate) fn render_root(checks: &[HealthCheck], query: &RootQuery) -> Rendered {
-    let mut lines = String::new();
+    let mut lines: Vec<String> = Vec::new();
     let mut failed = Vec::new();
     let mut unmatched: Vec<&str> = query.exclude.iter().map(String::as_str).collect();
     for check in checks {
         if let Some(pos) = unmatched.iter().position(|name| *name == check.name) {
             unmatched.swap_remove(pos);
-            lines.push_str(&format!("[+]{} excluded: ok\n", check.name));
+            lines.push(format!("[+]{} excluded: ok\n", check.name));
             continue;
         }
         match &check.result {
-            Ok(()) => lines.push_str(&format!("[+]{} ok\n", check.name)),
+            Ok(()) => lines.push(format!("[+]{} ok\n", check.name)),
             Err(reason) => {
-                lines.push_str(&format!("[-]{} failed: reason withheld\n", check.name));
+                lines.push(format!("[-]{} failed: reason withheld\n", check.name));
                 failed.push(format!("{}: {reason}", check.name));
             }
         }
@@ -61,11 +61,12 @@ pub(crate) fn render_root(checks: &[HealthCheck], query: &RootQuery) -> Rendered
     if !unmatched.is_empty() {
         unmatched.sort_unstable();
         let quoted: Vec<String> = unmatched.iter().map(|name| format!("{name:?}")).collect();
-        lines.push_str(&format!(
+        lines.push(format!(
             "warn: some health checks cannot be excluded: no matches for {}\n",
             quoted.join(",")
         ));
     }
+    let lines = lines.concat();
     if !failed.is_empty() {
         tracing::debug!(failed = %failed.join("; "), "healthz check failed");
         return Rendered {
