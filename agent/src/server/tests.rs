@@ -1,0 +1,420 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, mpsc};
+
+use bytes::Bytes;
+use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::List;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::*;
+
+/// Makes `pods()` block until the test lets it go, to hold a request in flight.
+struct Gate {
+    entered: Mutex<Option<oneshot::Sender<()>>>,
+    release: Mutex<mpsc::Receiver<()>>,
+}
+
+struct FakeHost {
+    pods: Vec<Pod>,
+    checks: Mutex<Vec<HealthCheck>>,
+    gate: Option<Gate>,
+}
+
+impl ServerHost for FakeHost {
+    fn pods(&self) -> Vec<Pod> {
+        if let Some(gate) = &self.gate {
+            if let Some(entered) = gate.entered.lock().unwrap().take() {
+                entered.send(()).unwrap();
+            }
+            gate.release.lock().unwrap().recv().unwrap();
+        }
+        self.pods.clone()
+    }
+
+    fn health_checks(&self) -> Vec<HealthCheck> {
+        self.checks.lock().unwrap().clone()
+    }
+}
+
+impl FakeHost {
+    fn new() -> Self {
+        Self {
+            pods: vec![pod("web", "Running"), pod("db", "Pending")],
+            checks: Mutex::new(vec![
+                check("ping", Ok(())),
+                check("syncloop", Ok(())),
+                check("pleg", Ok(())),
+            ]),
+            gate: None,
+        }
+    }
+
+    fn fail(&self, name: &'static str, reason: &str) {
+        for check in self.checks.lock().unwrap().iter_mut() {
+            if check.name == name {
+                check.result = Err(reason.to_owned());
+            }
+        }
+    }
+}
+
+fn check(name: &'static str, result: Result<(), String>) -> HealthCheck {
+    HealthCheck { name, result }
+}
+
+fn pod(name: &str, phase: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}-node1")),
+            namespace: Some("default".to_owned()),
+            uid: Some(format!("uid-{name}")),
+            ..ObjectMeta::default()
+        },
+        status: Some(PodStatus {
+            phase: Some(phase.to_owned()),
+            ..PodStatus::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+async fn start(host: Arc<FakeHost>, healthz_only: bool) -> Running {
+    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let task = if healthz_only {
+        tokio::spawn(serve_healthz(listener, host, shutdown))
+    } else {
+        tokio::spawn(serve_read_only(listener, host, shutdown))
+    };
+    Running { addr, stop, task }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn text(&self) -> &str {
+        std::str::from_utf8(&self.body).unwrap()
+    }
+}
+
+async fn send(addr: SocketAddr, method: Method, path: &str) -> Reply {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(HOST, addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Reply {
+    send(addr, Method::GET, path).await
+}
+
+/// Sends raw bytes and reads until the server closes the connection.
+async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+async fn stop(running: Running) -> Result<(), ServerError> {
+    running.stop.send(()).unwrap();
+    running.task.await.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn pods_is_a_pod_list_of_the_hosts_pods() {
+    let host = Arc::new(FakeHost::new());
+    let server = start(Arc::clone(&host), false).await;
+
+    let reply = get(server.addr, "/pods").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.headers[CONTENT_TYPE], "application/json");
+    let raw: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(raw["kind"], "PodList");
+    assert_eq!(raw["apiVersion"], "v1");
+    assert_eq!(raw["metadata"], serde_json::json!({}));
+    let list: List<Pod> = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(list.items, host.pods);
+    assert_eq!(
+        list.items[0].status.as_ref().unwrap().phase.as_deref(),
+        Some("Running")
+    );
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn healthz_passes_then_fails_with_verbose_output() {
+    let host = Arc::new(FakeHost::new());
+    let server = start(Arc::clone(&host), false).await;
+
+    let reply = get(server.addr, "/healthz").await;
+    assert_eq!((reply.status, reply.text()), (StatusCode::OK, "ok"));
+    assert_eq!(reply.headers[CONTENT_TYPE], "text/plain; charset=utf-8");
+
+    let reply = get(server.addr, "/healthz?verbose").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.text(),
+        "[+]ping ok\n[+]syncloop ok\n[+]pleg ok\nhealthz check passed\n"
+    );
+
+    host.fail("syncloop", "sync loop took 4m to iterate");
+    let reply = get(server.addr, "/healthz").await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        reply.text(),
+        "[+]ping ok\n[-]syncloop failed: reason withheld\n[+]pleg ok\nhealthz check failed\n"
+    );
+
+    let reply = get(server.addr, "/healthz/syncloop").await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        reply.text(),
+        "internal server error: sync loop took 4m to iterate\n"
+    );
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn single_checks_and_unknown_paths() {
+    let host = Arc::new(FakeHost::new());
+    host.fail("pleg", "relist has not completed in 3m0s");
+    let server = start(host, false).await;
+
+    let reply = get(server.addr, "/healthz/pleg").await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        reply.text(),
+        "internal server error: relist has not completed in 3m0s\n"
+    );
+    let reply = get(server.addr, "/healthz/ping").await;
+    assert_eq!((reply.status, reply.text()), (StatusCode::OK, "ok"));
+
+    for path in ["/healthz/etcd", "/nope", "/", "/pods/x", "/stats/summary"] {
+        assert_eq!(
+            get(server.addr, path).await.status,
+            StatusCode::NOT_FOUND,
+            "{path}"
+        );
+    }
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn wrong_method_is_405_with_allow_and_head_works() {
+    let server = start(Arc::new(FakeHost::new()), false).await;
+
+    for (method, path) in [(Method::POST, "/pods"), (Method::DELETE, "/healthz")] {
+        let reply = send(server.addr, method, path).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        assert_eq!(reply.headers[ALLOW], "GET, HEAD");
+    }
+
+    let full = get(server.addr, "/pods").await;
+    let head = send(server.addr, Method::HEAD, "/pods").await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(head.body.is_empty());
+    assert_eq!(
+        head.headers[CONTENT_LENGTH],
+        full.body.len().to_string().as_str()
+    );
+    let head = send(server.addr, Method::HEAD, "/healthz").await;
+    assert_eq!(head.status, StatusCode::OK);
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn healthz_listener_serves_only_healthz() {
+    let server = start(Arc::new(FakeHost::new()), true).await;
+
+    let reply = get(server.addr, "/healthz").await;
+    assert_eq!((reply.status, reply.text()), (StatusCode::OK, "ok"));
+    assert_eq!(
+        get(server.addr, "/healthz/syncloop").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(server.addr, "/pods").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_requests_get_400_and_the_server_keeps_serving() {
+    let server = start(Arc::new(FakeHost::new()), false).await;
+
+    let answer = raw(server.addr, b"THIS IS NOT HTTP\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 400 Bad Request"), "{answer}");
+    let answer = raw(server.addr, b"GET /healthz HTTP/1.1\r\nbad header\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 400 Bad Request"), "{answer}");
+
+    let reply = get(server.addr, "/healthz").await;
+    assert_eq!(reply.status, StatusCode::OK);
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_headers_are_rejected() {
+    let server = start(Arc::new(FakeHost::new()), false).await;
+
+    let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    request.resize(request.len() + (1 << 20) + 1, b'a');
+    request.extend_from_slice(b"\r\n\r\n");
+    let answer = raw(server.addr, &request).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 431 Request Header Fields Too Large"),
+        "{answer}"
+    );
+    assert_eq!(get(server.addr, "/healthz").await.status, StatusCode::OK);
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_client_is_cut_off_after_the_header_timeout() {
+    let server = start(Arc::new(FakeHost::new()), false).await;
+
+    let mut slow = TcpStream::connect(server.addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let mut answer = Vec::new();
+    slow.read_to_end(&mut answer).await.unwrap();
+    assert!(started.elapsed() >= listener::HEADER_READ_TIMEOUT);
+    assert!(!String::from_utf8_lossy(&answer).contains("200 OK"));
+
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_finishes_an_in_flight_request() {
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let (release_tx, release_rx) = mpsc::channel();
+    let host = Arc::new(FakeHost {
+        gate: Some(Gate {
+            entered: Mutex::new(Some(entered_tx)),
+            release: Mutex::new(release_rx),
+        }),
+        ..FakeHost::new()
+    });
+    let Running { addr, stop, task } = start(host, false).await;
+
+    let in_flight = tokio::spawn(get(addr, "/pods"));
+    entered_rx.await.unwrap();
+    stop.send(()).unwrap();
+
+    // Once the listener is closed the server is draining; it must wait for the open request.
+    let mut refused = false;
+    for _ in 0..10_000 {
+        if TcpStream::connect(addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(refused, "the listener is still accepting after shutdown");
+    assert!(!task.is_finished());
+
+    release_tx.send(()).unwrap();
+    let reply = in_flight.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    let list: List<Pod> = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(list.items.len(), 2);
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_gives_up_on_a_stuck_connection() {
+    let server = start(Arc::new(FakeHost::new()), false).await;
+    // Half a request head keeps the connection busy until the header timeout, past the grace.
+    let mut slow = TcpStream::connect(server.addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+    assert_eq!(get(server.addr, "/healthz").await.status, StatusCode::OK);
+
+    let error = stop(server).await.unwrap_err();
+    assert!(
+        matches!(error, ServerError::ShutdownTimedOut { connections: 1, .. }),
+        "{error}"
+    );
+    // The aborted connection is closed rather than left open.
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_connections_do_not_hold_up_shutdown() {
+    let server = start(Arc::new(FakeHost::new()), false).await;
+    let mut fresh = TcpStream::connect(server.addr).await.unwrap();
+    let mut kept_alive = TcpStream::connect(server.addr).await.unwrap();
+    kept_alive
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0; 512];
+    let n = kept_alive.read(&mut answer).await.unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200 OK"));
+    // The fresh connection was accepted before the second one was answered.
+
+    stop(server).await.unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(fresh.read_to_end(&mut rest).await.unwrap(), 0);
+    assert_eq!(kept_alive.read_to_end(&mut rest).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn bind_reports_the_address_in_use() {
+    let first = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = first.local_addr().unwrap();
+    let error = bind(addr).await.unwrap_err();
+    assert!(matches!(error, ServerError::Bind { addr: a, .. } if a == addr));
+    assert_eq!(error.to_string(), format!("cannot listen on {addr}"));
+    let source = std::error::Error::source(&error).unwrap().to_string();
+    assert!(source.to_lowercase().contains("in use"), "{source}");
+}
