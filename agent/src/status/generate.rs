@@ -376,7 +376,7 @@ fn get_phase(
         };
         let state = status.state.as_ref();
         if is_sidecar(container) {
-            if !state.is_some_and(|s| s.running.is_some()) {
+            if state.is_none_or(|s| s.running.is_none()) {
                 pending_init += 1;
             }
             continue;
@@ -619,5 +619,533 @@ fn ready_condition(
             Some("ReadinessGatesNotReady"),
             Some(unready.join(", ")),
         )
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::container::{
+        PodSyncResult, SandboxId, SandboxStatus, SyncAction, SyncFailure, SyncResult,
+    };
+    use k8s_openapi::api::core::v1::PodReadinessGate;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    const SEC: i64 = 1_000_000_000;
+
+    fn spec_container(name: &str) -> Container {
+        Container {
+            name: name.to_owned(),
+            image: Some("busybox".to_owned()),
+            ..Container::default()
+        }
+    }
+
+    fn pod(policy: &str, init: &[&str], app: &[&str]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                uid: Some("uid-1".to_owned()),
+                name: Some("web".to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.to_owned()),
+                init_containers: (!init.is_empty())
+                    .then(|| init.iter().map(|n| spec_container(n)).collect()),
+                containers: app.iter().map(|n| spec_container(n)).collect(),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn running(id: &str, name: &str, restarts: u32) -> ContainerStatus {
+        ContainerStatus {
+            id: id.into(),
+            name: name.to_owned(),
+            state: ContainerState::Running,
+            created_at: 10 * SEC,
+            started_at: 11 * SEC,
+            finished_at: 0,
+            exit_code: 0,
+            image: "docker.io/library/busybox:latest".to_owned(),
+            image_ref: "sha256:abc".to_owned(),
+            hash: String::new(),
+            restart_count: restarts,
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+
+    fn exited(id: &str, name: &str, code: i32, restarts: u32) -> ContainerStatus {
+        ContainerStatus {
+            state: ContainerState::Exited,
+            finished_at: 12 * SEC + 500,
+            exit_code: code,
+            ..running(id, name, restarts)
+        }
+    }
+
+    fn runtime(containers: Vec<ContainerStatus>) -> PodStatus {
+        PodStatus {
+            uid: "uid-1".into(),
+            name: "web".to_owned(),
+            namespace: "default".to_owned(),
+            ips: vec!["10.1.0.5".to_owned()],
+            sandboxes: vec![SandboxStatus {
+                id: SandboxId::new("sb"),
+                state: SandboxState::Ready,
+                created_at: 5 * SEC,
+                attempt: 0,
+                ip: Some("10.1.0.5".to_owned()),
+                host_network: false,
+            }],
+            containers,
+        }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).unwrap()
+    }
+
+    fn generate(pod: &Pod, rt: &PodStatus, reasons: &ReasonCache) -> ApiPodStatus {
+        generate_at(pod, rt, reasons, None, "192.168.1.10", at(1_000))
+    }
+
+    fn fail_start(reasons: &ReasonCache, name: &str, reason: &str) {
+        reasons.update(
+            &PodUid::from("uid-1"),
+            &PodSyncResult {
+                results: vec![SyncResult {
+                    action: SyncAction::StartContainer,
+                    target: name.to_owned(),
+                    failure: Some(SyncFailure {
+                        reason: reason.to_owned(),
+                        message: format!("{reason} for {name}"),
+                    }),
+                }],
+            },
+        );
+    }
+
+    fn cond<'a>(status: &'a ApiPodStatus, type_: &str) -> &'a PodCondition {
+        status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap()
+    }
+
+    fn app_state(status: &ApiPodStatus, i: usize) -> &ApiContainerState {
+        status.container_statuses.as_ref().unwrap()[i]
+            .state
+            .as_ref()
+            .unwrap()
+    }
+
+    #[test]
+    fn phase_rules_over_restart_policy() {
+        let reasons = ReasonCache::new();
+        let phase = |policy: &str, containers: Vec<ContainerStatus>| {
+            generate(
+                &pod(policy, &[], &["a", "b"]),
+                &runtime(containers),
+                &reasons,
+            )
+            .phase
+            .unwrap()
+        };
+        assert_eq!(phase("Always", vec![]), "Pending");
+        assert_eq!(
+            phase("Always", vec![running("1", "a", 0)]),
+            "Pending",
+            "b not created yet"
+        );
+        assert_eq!(
+            phase("Always", vec![running("1", "a", 0), running("2", "b", 0)]),
+            "Running"
+        );
+        assert_eq!(
+            phase("Never", vec![running("1", "a", 0), exited("2", "b", 1, 0)]),
+            "Running"
+        );
+        let done = || vec![exited("1", "a", 0, 0), exited("2", "b", 0, 0)];
+        assert_eq!(phase("Always", done()), "Running", "Always restarts them");
+        assert_eq!(phase("OnFailure", done()), "Succeeded");
+        assert_eq!(phase("Never", done()), "Succeeded");
+        let failed = || vec![exited("1", "a", 0, 0), exited("2", "b", 2, 0)];
+        assert_eq!(phase("Always", failed()), "Running");
+        assert_eq!(
+            phase("OnFailure", failed()),
+            "Running",
+            "b is being restarted"
+        );
+        assert_eq!(phase("Never", failed()), "Failed");
+    }
+
+    #[test]
+    fn waiting_states_before_start() {
+        let reasons = ReasonCache::new();
+        let status = generate(&pod("Always", &[], &["a"]), &runtime(vec![]), &reasons);
+        let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("ContainerCreating"));
+        let cs = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(cs.image, "busybox");
+        assert_eq!(cs.started, Some(false));
+        assert!(!cs.ready);
+
+        fail_start(&reasons, "a", "ErrImageNeverPull");
+        let status = generate(&pod("Always", &[], &["a"]), &runtime(vec![]), &reasons);
+        let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("ErrImageNeverPull"));
+        assert_eq!(waiting.message.as_deref(), Some("ErrImageNeverPull for a"));
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+    }
+
+    #[test]
+    fn running_container_status() {
+        let reasons = ReasonCache::new();
+        let status = generate(
+            &pod("Always", &[], &["a"]),
+            &runtime(vec![running("c1", "a", 2), exited("c0", "a", 1, 1)]),
+            &reasons,
+        );
+        let cs = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(cs.container_id.as_deref(), Some("containerd://c1"));
+        assert_eq!(cs.image, "docker.io/library/busybox:latest");
+        assert_eq!(cs.image_id, "sha256:abc");
+        assert_eq!(cs.restart_count, 2);
+        assert!(cs.ready);
+        assert_eq!(cs.started, Some(true));
+        let state = cs.state.as_ref().unwrap();
+        assert_eq!(
+            state.running.as_ref().unwrap().started_at,
+            Some(Time(at(11)))
+        );
+        let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(last.exit_code, 1);
+        assert_eq!(last.container_id.as_deref(), Some("containerd://c0"));
+        assert_eq!(cond(&status, READY).status, "True");
+        assert_eq!(cond(&status, CONTAINERS_READY).status, "True");
+        assert_eq!(cond(&status, POD_READY_TO_START_CONTAINERS).status, "True");
+    }
+
+    #[test]
+    fn oom_killed_container() {
+        let reasons = ReasonCache::new();
+        let mut oom = exited("c1", "a", 137, 0);
+        oom.reason = "OOMKilled".to_owned();
+        let status = generate(&pod("Never", &[], &["a"]), &runtime(vec![oom]), &reasons);
+        let t = app_state(&status, 0).terminated.as_ref().unwrap();
+        assert_eq!(t.reason.as_deref(), Some("OOMKilled"));
+        assert_eq!(t.exit_code, 137);
+        assert_eq!(t.started_at, Some(Time(at(11))));
+        assert_eq!(t.finished_at, Some(Time(at(12))));
+        assert_eq!(t.container_id.as_deref(), Some("containerd://c1"));
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+
+        let status = generate(
+            &pod("Never", &[], &["a"]),
+            &runtime(vec![exited("c1", "a", 0, 0)]),
+            &reasons,
+        );
+        let t = app_state(&status, 0).terminated.as_ref().unwrap();
+        assert_eq!(t.reason.as_deref(), Some("Completed"));
+        assert_eq!(status.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(
+            cond(&status, CONTAINERS_READY).reason.as_deref(),
+            Some("PodCompleted")
+        );
+        assert_eq!(cond(&status, READY).reason.as_deref(), Some("PodCompleted"));
+    }
+
+    #[test]
+    fn crash_loop_back_off_waits_with_last_state() {
+        let reasons = ReasonCache::new();
+        fail_start(&reasons, "a", "CrashLoopBackOff");
+        let status = generate(
+            &pod("Always", &[], &["a"]),
+            &runtime(vec![exited("c3", "a", 1, 3), exited("c2", "a", 1, 2)]),
+            &reasons,
+        );
+        let cs = &status.container_statuses.as_ref().unwrap()[0];
+        let waiting = cs.state.as_ref().unwrap().waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("CrashLoopBackOff"));
+        let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(
+            last.container_id.as_deref(),
+            Some("containerd://c3"),
+            "the newest exited instance becomes the last state"
+        );
+        assert_eq!(last.reason.as_deref(), Some("Error"));
+        assert_eq!(cs.restart_count, 3);
+        assert!(!cs.ready);
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        let ready = cond(&status, CONTAINERS_READY);
+        assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [a]")
+        );
+
+        // With restartPolicy Never the container is not restarted, so the failure is not shown.
+        let status = generate(
+            &pod("Never", &[], &["a"]),
+            &runtime(vec![exited("c3", "a", 1, 3)]),
+            &reasons,
+        );
+        assert!(app_state(&status, 0).terminated.is_some());
+    }
+
+    #[test]
+    fn failed_init_container_phase_by_restart_policy() {
+        let reasons = ReasonCache::new();
+        let rt = runtime(vec![exited("i1", "init", 1, 0)]);
+        for (policy, phase) in [
+            ("Never", "Failed"),
+            ("Always", "Pending"),
+            ("OnFailure", "Pending"),
+        ] {
+            let status = generate(&pod(policy, &["init"], &["app"]), &rt, &reasons);
+            assert_eq!(
+                status.phase.as_deref(),
+                Some(phase),
+                "restartPolicy {policy}"
+            );
+            let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+            assert_eq!(waiting.reason.as_deref(), Some("PodInitializing"));
+            let init = cond(&status, INITIALIZED);
+            assert_eq!(init.status, "False");
+            assert_eq!(init.reason.as_deref(), Some("ContainersNotInitialized"));
+            assert_eq!(
+                init.message.as_deref(),
+                Some("containers with incomplete status: [init]")
+            );
+        }
+
+        // Crash-looping init container: waiting with the failure as last state is still a failure.
+        fail_start(&reasons, "init", "CrashLoopBackOff");
+        let status = generate(&pod("Always", &["init"], &["app"]), &rt, &reasons);
+        let init_status = &status.init_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(
+            init_status
+                .state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("CrashLoopBackOff")
+        );
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+    }
+
+    #[test]
+    fn completed_init_container_lets_the_pod_run() {
+        let reasons = ReasonCache::new();
+        let status = generate(
+            &pod("Always", &["init"], &["app"]),
+            &runtime(vec![running("a1", "app", 0), exited("i1", "init", 0, 0)]),
+            &reasons,
+        );
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(cond(&status, INITIALIZED).status, "True");
+        let init_status = &status.init_container_statuses.as_ref().unwrap()[0];
+        assert!(init_status.ready, "a completed init container is ready");
+        assert_eq!(init_status.started, Some(false));
+
+        let status = generate(
+            &pod("Always", &["init"], &["app"]),
+            &runtime(vec![running("i1", "init", 0)]),
+            &reasons,
+        );
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("PodInitializing"));
+    }
+
+    #[test]
+    fn pod_ips_for_host_network_and_sandbox_network() {
+        let reasons = ReasonCache::new();
+        let mut host = pod("Always", &[], &["a"]);
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        let mut rt = runtime(vec![running("c", "a", 0)]);
+        rt.ips.clear();
+        rt.sandboxes[0].ip = None;
+        rt.sandboxes[0].host_network = true;
+        let status = generate(&host, &rt, &reasons);
+        assert_eq!(status.pod_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(status.pod_ips.as_ref().unwrap()[0].ip, "192.168.1.10");
+        assert_eq!(status.host_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(status.host_ips.as_ref().unwrap()[0].ip, "192.168.1.10");
+        assert_eq!(cond(&status, POD_READY_TO_START_CONTAINERS).status, "True");
+
+        let status = generate(
+            &pod("Always", &[], &["a"]),
+            &runtime(vec![running("c", "a", 0)]),
+            &reasons,
+        );
+        assert_eq!(status.pod_ip.as_deref(), Some("10.1.0.5"));
+        assert_eq!(status.host_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
+
+        let mut no_sandbox = runtime(vec![]);
+        no_sandbox.sandboxes.clear();
+        no_sandbox.ips.clear();
+        let status = generate(&pod("Always", &[], &["a"]), &no_sandbox, &reasons);
+        assert_eq!(status.pod_ip, None);
+        assert_eq!(cond(&status, POD_READY_TO_START_CONTAINERS).status, "False");
+    }
+
+    #[test]
+    fn conditions_keep_transition_times_while_unchanged() {
+        let reasons = ReasonCache::new();
+        let p = pod("Always", &[], &["a"]);
+        let first = generate_at(
+            &p,
+            &runtime(vec![]),
+            &reasons,
+            None,
+            "192.168.1.10",
+            at(100),
+        );
+        assert!(
+            first
+                .conditions
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|c| c.last_transition_time == Some(Time(at(100))))
+        );
+        assert_eq!(cond(&first, READY).status, "False");
+        assert_eq!(first.start_time, Some(Time(at(100))));
+
+        let same = generate_at(
+            &p,
+            &runtime(vec![]),
+            &reasons,
+            Some(&first),
+            "192.168.1.10",
+            at(200),
+        );
+        assert_eq!(same, first, "an unchanged pod regenerates the same status");
+
+        let second = generate_at(
+            &p,
+            &runtime(vec![running("c", "a", 0)]),
+            &reasons,
+            Some(&first),
+            "192.168.1.10",
+            at(300),
+        );
+        assert_eq!(cond(&second, READY).status, "True");
+        assert_eq!(
+            cond(&second, READY).last_transition_time,
+            Some(Time(at(300)))
+        );
+        assert_eq!(
+            cond(&second, CONTAINERS_READY).last_transition_time,
+            Some(Time(at(300)))
+        );
+        assert_eq!(
+            cond(&second, POD_SCHEDULED).last_transition_time,
+            Some(Time(at(100)))
+        );
+        assert_eq!(second.start_time, Some(Time(at(100))));
+    }
+
+    #[test]
+    fn terminal_phase_and_foreign_conditions_are_kept() {
+        let reasons = ReasonCache::new();
+        let mut p = pod("Never", &[], &["a"]);
+        p.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate {
+            condition_type: "example.com/gate".to_owned(),
+        }]);
+        let running_status = generate(&p, &runtime(vec![running("c", "a", 0)]), &reasons);
+        let ready = cond(&running_status, READY);
+        assert_eq!(ready.reason.as_deref(), Some("ReadinessGatesNotReady"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some(
+                "corresponding condition of pod readiness gate \"example.com/gate\" does not exist."
+            )
+        );
+
+        let mut previous = generate(&p, &runtime(vec![exited("c", "a", 1, 0)]), &reasons);
+        assert_eq!(previous.phase.as_deref(), Some("Failed"));
+        previous.conditions.as_mut().unwrap().push(PodCondition {
+            type_: "example.com/gate".to_owned(),
+            status: "True".to_owned(),
+            ..PodCondition::default()
+        });
+        let mut gone = runtime(vec![]);
+        gone.sandboxes.clear();
+        let status = generate_at(
+            &p,
+            &gone,
+            &reasons,
+            Some(&previous),
+            "192.168.1.10",
+            at(5_000),
+        );
+        assert_eq!(
+            status.phase.as_deref(),
+            Some("Failed"),
+            "terminal phase is final"
+        );
+        assert_eq!(cond(&status, "example.com/gate").status, "True");
+    }
+
+    #[test]
+    fn json_uses_kubernetes_field_names() {
+        let reasons = ReasonCache::new();
+        let mut oom = exited("c1", "a", 137, 0);
+        oom.reason = "OOMKilled".to_owned();
+        let status = generate(&pod("Never", &[], &["a"]), &runtime(vec![oom]), &reasons);
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["phase"], "Failed");
+        assert_eq!(json["hostIP"], "192.168.1.10");
+        assert_eq!(json["hostIPs"][0]["ip"], "192.168.1.10");
+        assert_eq!(json["podIP"], "10.1.0.5");
+        assert_eq!(json["podIPs"][0]["ip"], "10.1.0.5");
+        assert_eq!(json["qosClass"], "BestEffort");
+        assert_eq!(json["startTime"], "1970-01-01T00:16:40Z");
+        let condition_types: Vec<&str> = json["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            condition_types,
+            [
+                "PodReadyToStartContainers",
+                "Initialized",
+                "Ready",
+                "ContainersReady",
+                "PodScheduled"
+            ]
+        );
+        assert_eq!(
+            json["conditions"][2]["lastTransitionTime"],
+            "1970-01-01T00:16:40Z"
+        );
+        let cs = &json["containerStatuses"][0];
+        assert_eq!(cs["name"], "a");
+        assert_eq!(cs["containerID"], "containerd://c1");
+        assert_eq!(cs["imageID"], "sha256:abc");
+        assert_eq!(cs["restartCount"], 0);
+        assert_eq!(cs["ready"], false);
+        let t = &cs["state"]["terminated"];
+        assert_eq!(t["exitCode"], 137);
+        assert_eq!(t["reason"], "OOMKilled");
+        assert_eq!(t["containerID"], "containerd://c1");
+        assert_eq!(t["startedAt"], "1970-01-01T00:00:11Z");
+        assert_eq!(t["finishedAt"], "1970-01-01T00:00:12Z");
     }
 }

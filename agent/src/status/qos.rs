@@ -1,4 +1,4 @@
-//! The pod's QoS class (the kubelet's `pkg/apis/core/v1/helper/qos.GetPodQOS`), used for
+//! The pod's `QoS` class (the kubelet's `pkg/apis/core/v1/helper/qos.GetPodQOS`), used for
 //! `status.qosClass`.
 
 use std::collections::BTreeMap;
