@@ -32,8 +32,8 @@ impl Shared {
 /// A cloneable view of the PLEG's health, for the sync loop's runtime-health check.
 #[derive(Clone)]
 pub struct PlegHandle {
-    pub(super) shared: Arc<Shared>,
-    pub(super) threshold: Duration,
+    shared: Arc<Shared>,
+    threshold: Duration,
 }
 
 impl PlegHandle {

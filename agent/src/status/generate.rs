@@ -511,7 +511,7 @@ fn initialized_condition(
             incomplete.push(container.name.as_str());
         }
     }
-    if phase == SUCCEEDED && unknown.is_empty() && !init_specs.is_empty() {
+    if phase == SUCCEEDED && unknown.is_empty() {
         return condition(INITIALIZED, true, Some("PodCompleted"), None);
     }
     if has_any_app_container_started(app) {
@@ -860,6 +860,9 @@ mod tests {
             Some("PodCompleted")
         );
         assert_eq!(cond(&status, READY).reason.as_deref(), Some("PodCompleted"));
+        let initialized = cond(&status, INITIALIZED);
+        assert_eq!(initialized.status, "True");
+        assert_eq!(initialized.reason.as_deref(), Some("PodCompleted"));
     }
 
     #[test]
