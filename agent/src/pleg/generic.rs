@@ -525,6 +525,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn sandbox_transitions_count_as_containers() {
+        let (runtime, _cache, mut pleg, _handle, mut rx) = setup();
+        runtime.set_pods(vec![pod("p", SandboxState::Ready, &[])]);
+        pleg.relist().await;
+        assert_eq!(drain(&mut rx), vec![event("p", ContainerStarted, "sb-p")]);
+        runtime.set_pods(vec![pod("p", SandboxState::NotReady, &[])]);
+        pleg.relist().await;
+        assert_eq!(drain(&mut rx), vec![event("p", ContainerDied, "sb-p")]);
+        runtime.set_pods(vec![]);
+        pleg.relist().await;
+        assert_eq!(drain(&mut rx), vec![event("p", ContainerRemoved, "sb-p")]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn cache_is_filled_and_timestamped() {
         let (runtime, cache, mut pleg, _handle, _rx) = setup();
         runtime.set_pods(vec![
