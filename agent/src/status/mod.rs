@@ -1,1 +1,16 @@
-//! (being written)
+//! Pod status: turning the runtime's view of a pod into the API `PodStatus` (the kubelet's
+//! `generateAPIPodStatus` in `kubelet_pods.go` and the condition generators of
+//! `pkg/kubelet/status`), the reason cache of start failures, and the status manager that keeps the
+//! latest versioned status of every pod. Corresponds to the kubelet's `pkg/kubelet/status`.
+
+mod generate;
+mod manager;
+mod qos;
+mod reason_cache;
+
+pub use generate::generate_api_pod_status;
+pub use manager::StatusManager;
+pub use reason_cache::ReasonCache;
+
+/// The runtime type prefixed to container ids in the API (`containerd://<id>`).
+pub const CONTAINER_ID_SCHEME: &str = "containerd";

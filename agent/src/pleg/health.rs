@@ -1,0 +1,112 @@
+//! PLEG health and counters shared between the relister and its handles (the kubelet's
+//! `GenericPLEG.Healthy` and the `kubelet_pleg_*` metrics the relister keeps).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RELIST_THRESHOLD;
+
+#[derive(Default)]
+pub(super) struct Shared {
+    last_relist: Mutex<Option<Instant>>,
+    discarded_events: AtomicU64,
+}
+
+impl Shared {
+    pub(super) fn record_relist(&self, at: Instant) {
+        *self
+            .last_relist
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(at);
+    }
+
+    pub(super) fn count_discarded_event(&self) {
+        self.discarded_events.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A cloneable view of the PLEG's health, for the sync loop's runtime-health check.
+#[derive(Clone)]
+pub struct PlegHandle {
+    shared: Arc<Shared>,
+    threshold: Duration,
+}
+
+impl PlegHandle {
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            threshold: RELIST_THRESHOLD,
+        }
+    }
+
+    /// `Ok` when a relist succeeded within the threshold, otherwise why the PLEG is unhealthy.
+    pub fn healthy(&self) -> Result<(), String> {
+        let Some(last) = self.last_relist() else {
+            return Err("pleg has yet to be successful".to_owned());
+        };
+        let elapsed = last.elapsed();
+        if elapsed > self.threshold {
+            return Err(format!(
+                "pleg was last seen active {} ago; threshold is {}",
+                go_duration(elapsed),
+                go_duration(self.threshold)
+            ));
+        }
+        Ok(())
+    }
+
+    /// When the last successful relist started.
+    pub fn last_relist(&self) -> Option<Instant> {
+        *self
+            .shared
+            .last_relist
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Events dropped because the event channel was full (`kubelet_pleg_discard_events`).
+    pub fn discarded_events(&self) -> u64 {
+        self.shared.discarded_events.load(Ordering::Relaxed)
+    }
+}
+
+/// Formats a duration the way Go's `time.Duration.String` does for durations of a second or more
+/// (`3m5s`, `1h0m0.5s`), so the health message reads like the kubelet's.
+fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    let (hours, minutes, seconds) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    if hours > 0 {
+        let _ = write!(out, "{hours}h");
+    }
+    if hours > 0 || minutes > 0 {
+        let _ = write!(out, "{minutes}m");
+    }
+    let _ = write!(out, "{seconds}");
+    let nanos = d.subsec_nanos();
+    if nanos > 0 {
+        let frac = format!("{nanos:09}");
+        let _ = write!(out, ".{}", frac.trim_end_matches('0'));
+    }
+    out.push('s');
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_duration_matches_go_formatting() {
+        assert_eq!(go_duration(Duration::from_mins(3)), "3m0s");
+        assert_eq!(go_duration(Duration::from_secs(185)), "3m5s");
+        assert_eq!(go_duration(Duration::from_millis(3_723_500)), "1h2m3.5s");
+        assert_eq!(go_duration(Duration::from_secs(7)), "7s");
+    }
+}

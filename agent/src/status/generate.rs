@@ -1,0 +1,1154 @@
+//! The API status of a pod from the runtime's view of it (the kubelet's `generateAPIPodStatus`,
+//! `convertToAPIContainerStatuses`, `getPhase` and the condition generators of
+//! `pkg/kubelet/status/generate.go`).
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState as ApiContainerState, ContainerStateRunning,
+    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus as ApiContainerStatus, HostIP,
+    Pod, PodCondition, PodIP, PodSpec, PodStatus as ApiPodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::CONTAINER_ID_SCHEME;
+use super::qos::qos_class;
+use super::reason_cache::ReasonCache;
+use crate::container::{ContainerState, ContainerStatus, PodStatus, PodUid, SandboxState};
+
+const PENDING: &str = "Pending";
+const RUNNING: &str = "Running";
+const SUCCEEDED: &str = "Succeeded";
+const FAILED: &str = "Failed";
+
+const POD_READY_TO_START_CONTAINERS: &str = "PodReadyToStartContainers";
+const INITIALIZED: &str = "Initialized";
+const READY: &str = "Ready";
+const CONTAINERS_READY: &str = "ContainersReady";
+const POD_SCHEDULED: &str = "PodScheduled";
+const KUBELET_CONDITIONS: [&str; 5] = [
+    POD_READY_TO_START_CONTAINERS,
+    INITIALIZED,
+    READY,
+    CONTAINERS_READY,
+    POD_SCHEDULED,
+];
+
+/// The API status of `pod` given what the runtime reports for it, the start failures in `reasons`
+/// and the previously generated status (`previous`, whose start time, terminal phase, condition
+/// transition times and foreign conditions are kept). `host_ip` is the node's IP; host-network pods
+/// report it as their pod IP.
+pub fn generate_api_pod_status(
+    pod: &Pod,
+    runtime: &PodStatus,
+    reasons: &ReasonCache,
+    previous: Option<&ApiPodStatus>,
+    host_ip: &str,
+) -> ApiPodStatus {
+    generate_at(pod, runtime, reasons, previous, host_ip, wall_clock_now())
+}
+
+/// The wall-clock time (jiff's own `now` needs a feature k8s-openapi does not enable).
+fn wall_clock_now() -> Timestamp {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_secs())
+        .ok()
+        .and_then(|secs| Timestamp::from_second(secs).ok())
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn generate_at(
+    pod: &Pod,
+    runtime: &PodStatus,
+    reasons: &ReasonCache,
+    previous: Option<&ApiPodStatus>,
+    host_ip: &str,
+    now: Timestamp,
+) -> ApiPodStatus {
+    let empty = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty);
+    let uid = PodUid::new(pod.metadata.uid.clone().unwrap_or_default());
+    let deleting = pod.metadata.deletion_timestamp.is_some();
+    let init_specs = spec.init_containers.as_deref().unwrap_or_default();
+    let context = StatusContext {
+        spec,
+        uid: &uid,
+        runtime,
+        reasons,
+        deleting,
+    };
+    let init_statuses: Vec<ApiContainerStatus> = init_specs
+        .iter()
+        .map(|c| context.container_status(c, ContainerKind::Init))
+        .collect();
+    let app_kind = if init_specs.is_empty() {
+        ContainerKind::App
+    } else {
+        ContainerKind::AppAfterInit
+    };
+    let app_statuses: Vec<ApiContainerStatus> = spec
+        .containers
+        .iter()
+        .map(|c| context.container_status(c, app_kind))
+        .collect();
+
+    let mut phase = get_phase(spec, &init_statuses, &app_statuses);
+    // A terminal phase is final: containers of a finished pod may be removed, which must not bring
+    // the pod back to Pending.
+    if let Some(old) = previous.and_then(|p| p.phase.as_deref())
+        && (old == SUCCEEDED || old == FAILED)
+    {
+        phase = old;
+    }
+
+    let generation = pod.metadata.generation;
+    let now_time = Time(truncate(now));
+    let mut conditions = vec![
+        ready_to_start_condition(spec, runtime),
+        initialized_condition(spec, &init_statuses, &app_statuses, phase),
+        ready_condition(spec, &init_statuses, &app_statuses, phase, previous),
+        containers_ready_condition(spec, &init_statuses, &app_statuses, phase),
+        PodCondition {
+            type_: POD_SCHEDULED.to_owned(),
+            status: "True".to_owned(),
+            ..PodCondition::default()
+        },
+    ];
+    for condition in &mut conditions {
+        condition.observed_generation = generation;
+        let old = previous
+            .and_then(|p| p.conditions.as_deref())
+            .and_then(|all| all.iter().find(|c| c.type_ == condition.type_));
+        condition.last_transition_time = match old {
+            Some(old) if old.status == condition.status && old.last_transition_time.is_some() => {
+                old.last_transition_time.clone()
+            }
+            _ => Some(now_time.clone()),
+        };
+    }
+    // Conditions owned by others (readiness gates) are kept as they were.
+    if let Some(old) = previous.and_then(|p| p.conditions.as_deref()) {
+        conditions.extend(
+            old.iter()
+                .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
+                .cloned(),
+        );
+    }
+
+    let host_ips = (!host_ip.is_empty()).then(|| {
+        vec![HostIP {
+            ip: host_ip.to_owned(),
+        }]
+    });
+    let pod_ips: Vec<String> = if spec.host_network == Some(true) {
+        host_ips.iter().flatten().map(|h| h.ip.clone()).collect()
+    } else {
+        runtime.ips.clone()
+    };
+
+    ApiPodStatus {
+        phase: Some(phase.to_owned()),
+        conditions: Some(conditions),
+        host_ip: (!host_ip.is_empty()).then(|| host_ip.to_owned()),
+        host_ips,
+        pod_ip: pod_ips.first().cloned(),
+        pod_ips: (!pod_ips.is_empty())
+            .then(|| pod_ips.into_iter().map(|ip| PodIP { ip }).collect()),
+        start_time: previous
+            .and_then(|p| p.start_time.clone())
+            .or(Some(now_time)),
+        qos_class: Some(qos_class(spec).to_owned()),
+        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+        container_statuses: Some(app_statuses),
+        observed_generation: generation,
+        ..ApiPodStatus::default()
+    }
+}
+
+/// API times travel with second precision; truncating keeps regenerated statuses comparable.
+fn truncate(time: Timestamp) -> Timestamp {
+    Timestamp::from_second(time.as_second()).unwrap_or(time)
+}
+
+/// A CRI time (Unix nanoseconds, 0 = unset) as an API time.
+fn api_time(nanos: i64) -> Option<Time> {
+    if nanos <= 0 {
+        return None;
+    }
+    Timestamp::from_second(nanos.div_euclid(1_000_000_000))
+        .ok()
+        .map(Time)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ContainerKind {
+    Init,
+    /// An app container of a pod without init containers.
+    App,
+    /// An app container of a pod with init containers: it waits with `PodInitializing`.
+    AppAfterInit,
+}
+
+struct StatusContext<'a> {
+    spec: &'a PodSpec,
+    uid: &'a PodUid,
+    runtime: &'a PodStatus,
+    reasons: &'a ReasonCache,
+    deleting: bool,
+}
+
+impl StatusContext<'_> {
+    fn container_status(&self, container: &Container, kind: ContainerKind) -> ApiContainerStatus {
+        let waiting_reason = if kind == ContainerKind::AppAfterInit {
+            "PodInitializing"
+        } else {
+            "ContainerCreating"
+        };
+        let mut instances = self
+            .runtime
+            .containers
+            .iter()
+            .filter(|c| c.name == container.name);
+        let newest = instances.next();
+        let mut status = match newest {
+            Some(current) => {
+                let mut status = convert(current);
+                if let Some(previous) = instances.next() {
+                    status.last_state = convert(previous).state;
+                }
+                if status.image.is_empty() {
+                    status.image = container.image.clone().unwrap_or_default();
+                }
+                status
+            }
+            None => ApiContainerStatus {
+                name: container.name.clone(),
+                image: container.image.clone().unwrap_or_default(),
+                state: Some(ApiContainerState {
+                    waiting: Some(ContainerStateWaiting {
+                        reason: Some(waiting_reason.to_owned()),
+                        message: None,
+                    }),
+                    ..ApiContainerState::default()
+                }),
+                ..ApiContainerStatus::default()
+            },
+        };
+
+        let succeeded_init = kind == ContainerKind::Init
+            && !is_sidecar(container)
+            && terminated(status.state.as_ref()).is_some_and(|t| t.exit_code == 0);
+        if !succeeded_init
+            && self.should_restart(container, newest)
+            && let Some(failure) = self.reasons.get(self.uid, &container.name)
+        {
+            if terminated(status.state.as_ref()).is_some() {
+                status.last_state = status.state.take();
+            }
+            status.state = Some(ApiContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(failure.reason),
+                    message: (!failure.message.is_empty()).then_some(failure.message),
+                }),
+                ..ApiContainerState::default()
+            });
+        }
+
+        let running = status.state.as_ref().is_some_and(|s| s.running.is_some());
+        status.started = Some(running);
+        // Without probes a running container is ready; a regular init container is ready once it
+        // has completed.
+        status.ready = if kind == ContainerKind::Init && !is_sidecar(container) {
+            terminated(status.state.as_ref()).is_some_and(|t| t.exit_code == 0)
+        } else {
+            running
+        };
+        status
+    }
+
+    /// Whether the next sync would (re)start the container (the kubelet's
+    /// `ShouldContainerBeRestarted`).
+    fn should_restart(&self, container: &Container, newest: Option<&ContainerStatus>) -> bool {
+        if self.deleting {
+            return false;
+        }
+        let Some(newest) = newest else {
+            return true;
+        };
+        match newest.state {
+            ContainerState::Running => false,
+            ContainerState::Created | ContainerState::Unknown => true,
+            ContainerState::Exited => {
+                if is_sidecar(container) {
+                    return true;
+                }
+                match self.spec.restart_policy.as_deref() {
+                    Some("Never") => false,
+                    Some("OnFailure") => newest.exit_code != 0,
+                    _ => true,
+                }
+            }
+        }
+    }
+}
+
+fn convert(status: &ContainerStatus) -> ApiContainerStatus {
+    let container_id = format!("{CONTAINER_ID_SCHEME}://{}", status.id);
+    let state = match status.state {
+        ContainerState::Running => ApiContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: api_time(status.started_at),
+            }),
+            ..ApiContainerState::default()
+        },
+        ContainerState::Exited => {
+            let reason = if !status.reason.is_empty() {
+                status.reason.clone()
+            } else if status.exit_code == 0 {
+                "Completed".to_owned()
+            } else {
+                "Error".to_owned()
+            };
+            ApiContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: status.exit_code,
+                    reason: Some(reason),
+                    message: (!status.message.is_empty()).then(|| status.message.clone()),
+                    started_at: api_time(status.started_at),
+                    finished_at: api_time(status.finished_at),
+                    container_id: Some(container_id.clone()),
+                    signal: None,
+                }),
+                ..ApiContainerState::default()
+            }
+        }
+        // Created but not started, or unknown to the runtime: waiting to run, reason unknown.
+        ContainerState::Created | ContainerState::Unknown => ApiContainerState {
+            waiting: Some(ContainerStateWaiting::default()),
+            ..ApiContainerState::default()
+        },
+    };
+    ApiContainerStatus {
+        name: status.name.clone(),
+        image: status.image.clone(),
+        image_id: status.image_ref.clone(),
+        container_id: Some(container_id),
+        restart_count: i32::try_from(status.restart_count).unwrap_or(i32::MAX),
+        state: Some(state),
+        ..ApiContainerStatus::default()
+    }
+}
+
+/// An init container with `restartPolicy: Always` keeps running beside the app containers.
+fn is_sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
+}
+
+fn terminated(state: Option<&ApiContainerState>) -> Option<&ContainerStateTerminated> {
+    state.and_then(|s| s.terminated.as_ref())
+}
+
+fn find<'a>(statuses: &'a [ApiContainerStatus], name: &str) -> Option<&'a ApiContainerStatus> {
+    statuses.iter().find(|s| s.name == name)
+}
+
+fn has_any_app_container_started(app: &[ApiContainerStatus]) -> bool {
+    app.iter().any(|s| {
+        let state = s.state.as_ref();
+        state.is_some_and(|st| st.running.is_some() || st.terminated.is_some())
+            || terminated(s.last_state.as_ref()).is_some()
+    })
+}
+
+/// The pod phase over its container statuses and restart policy (the kubelet's `getPhase`).
+fn get_phase(
+    spec: &PodSpec,
+    init: &[ApiContainerStatus],
+    app: &[ApiContainerStatus],
+) -> &'static str {
+    let mut pending_init = 0;
+    let mut failed_init = 0;
+    for container in spec.init_containers.as_deref().unwrap_or_default() {
+        let Some(status) = find(init, &container.name) else {
+            pending_init += 1;
+            continue;
+        };
+        let state = status.state.as_ref();
+        if is_sidecar(container) {
+            if state.is_none_or(|s| s.running.is_none()) {
+                pending_init += 1;
+            }
+            continue;
+        }
+        if let Some(t) = terminated(state) {
+            if t.exit_code != 0 {
+                pending_init += 1;
+                failed_init += 1;
+            }
+        } else if state.is_some_and(|s| s.waiting.is_some())
+            && let Some(last) = terminated(status.last_state.as_ref())
+        {
+            if last.exit_code != 0 {
+                pending_init += 1;
+                failed_init += 1;
+            }
+        } else {
+            pending_init += 1;
+        }
+    }
+
+    let (mut unknown, mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
+    for container in &spec.containers {
+        let Some(status) = find(app, &container.name) else {
+            unknown += 1;
+            continue;
+        };
+        let state = status.state.as_ref();
+        if state.is_some_and(|s| s.running.is_some()) {
+            running += 1;
+        } else if let Some(t) = terminated(state) {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if state.is_some_and(|s| s.waiting.is_some()) {
+            if terminated(status.last_state.as_ref()).is_some() {
+                stopped += 1;
+            } else {
+                waiting += 1;
+            }
+        } else {
+            unknown += 1;
+        }
+    }
+
+    let policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    if failed_init > 0 && policy == "Never" {
+        return FAILED;
+    }
+    if (pending_init > 0 && !has_any_app_container_started(app)) || waiting > 0 {
+        return PENDING;
+    }
+    if running > 0 && unknown == 0 {
+        return RUNNING;
+    }
+    if running == 0 && stopped > 0 && unknown == 0 {
+        if policy == "Always" {
+            return RUNNING;
+        }
+        if stopped == succeeded {
+            return SUCCEEDED;
+        }
+        if policy == "Never" {
+            return FAILED;
+        }
+        return RUNNING;
+    }
+    PENDING
+}
+
+fn condition(
+    type_: &str,
+    ready: bool,
+    reason: Option<&str>,
+    message: Option<String>,
+) -> PodCondition {
+    PodCondition {
+        type_: type_.to_owned(),
+        status: if ready { "True" } else { "False" }.to_owned(),
+        reason: reason.map(str::to_owned),
+        message,
+        ..PodCondition::default()
+    }
+}
+
+/// True once the newest sandbox is ready with its network (the kubelet's
+/// `GeneratePodReadyToStartContainersCondition`).
+fn ready_to_start_condition(spec: &PodSpec, runtime: &PodStatus) -> PodCondition {
+    let ready_sandboxes = runtime
+        .sandboxes
+        .iter()
+        .filter(|s| s.state == SandboxState::Ready)
+        .count();
+    let ready = runtime.sandboxes.first().is_some_and(|newest| {
+        newest.state == SandboxState::Ready
+            && ready_sandboxes == 1
+            && (spec.host_network == Some(true) || newest.host_network || !runtime.ips.is_empty())
+    });
+    condition(POD_READY_TO_START_CONTAINERS, ready, None, None)
+}
+
+fn names_message(prefix: &str, names: &[&str]) -> Option<String> {
+    (!names.is_empty()).then(|| format!("{prefix}: [{}]", names.join(" ")))
+}
+
+fn join_messages(messages: [Option<String>; 2]) -> Option<String> {
+    let parts: Vec<String> = messages.into_iter().flatten().collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+fn initialized_condition(
+    spec: &PodSpec,
+    init: &[ApiContainerStatus],
+    app: &[ApiContainerStatus],
+    phase: &str,
+) -> PodCondition {
+    let init_specs = spec.init_containers.as_deref().unwrap_or_default();
+    let mut unknown = Vec::new();
+    let mut incomplete = Vec::new();
+    for container in init_specs {
+        let Some(status) = find(init, &container.name) else {
+            unknown.push(container.name.as_str());
+            continue;
+        };
+        let done = if is_sidecar(container) {
+            status.started == Some(true)
+        } else {
+            terminated(status.state.as_ref()).is_some_and(|t| t.exit_code == 0)
+        };
+        if !done {
+            incomplete.push(container.name.as_str());
+        }
+    }
+    if phase == SUCCEEDED && unknown.is_empty() {
+        return condition(INITIALIZED, true, Some("PodCompleted"), None);
+    }
+    if has_any_app_container_started(app) {
+        return condition(INITIALIZED, true, None, None);
+    }
+    match join_messages([
+        names_message("containers with unknown status", &unknown),
+        names_message("containers with incomplete status", &incomplete),
+    ]) {
+        Some(message) => condition(
+            INITIALIZED,
+            false,
+            Some("ContainersNotInitialized"),
+            Some(message),
+        ),
+        None => condition(INITIALIZED, true, None, None),
+    }
+}
+
+fn containers_ready_condition(
+    spec: &PodSpec,
+    init: &[ApiContainerStatus],
+    app: &[ApiContainerStatus],
+    phase: &str,
+) -> PodCondition {
+    let mut unknown = Vec::new();
+    let mut unready = Vec::new();
+    let sidecars = spec
+        .init_containers
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| is_sidecar(c))
+        .map(|c| (c, init));
+    let apps = spec.containers.iter().map(|c| (c, app));
+    for (container, statuses) in sidecars.chain(apps) {
+        match find(statuses, &container.name) {
+            None => unknown.push(container.name.as_str()),
+            Some(status) if !status.ready => unready.push(container.name.as_str()),
+            Some(_) => {}
+        }
+    }
+    if phase == SUCCEEDED && unknown.is_empty() {
+        return condition(CONTAINERS_READY, false, Some("PodCompleted"), None);
+    }
+    match join_messages([
+        names_message("containers with unknown status", &unknown),
+        names_message("containers with unready status", &unready),
+    ]) {
+        Some(message) => condition(
+            CONTAINERS_READY,
+            false,
+            Some("ContainersNotReady"),
+            Some(message),
+        ),
+        None => condition(CONTAINERS_READY, true, None, None),
+    }
+}
+
+fn ready_condition(
+    spec: &PodSpec,
+    init: &[ApiContainerStatus],
+    app: &[ApiContainerStatus],
+    phase: &str,
+    previous: Option<&ApiPodStatus>,
+) -> PodCondition {
+    let containers_ready = containers_ready_condition(spec, init, app, phase);
+    if containers_ready.status != "True" {
+        return PodCondition {
+            type_: READY.to_owned(),
+            ..containers_ready
+        };
+    }
+    let old_conditions = previous
+        .and_then(|p| p.conditions.as_deref())
+        .unwrap_or_default();
+    let unready: Vec<String> = spec
+        .readiness_gates
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|gate| {
+            match old_conditions
+                .iter()
+                .find(|c| c.type_ == gate.condition_type)
+            {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate \"{}\" does not exist.",
+                    gate.condition_type
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate \"{}\" is not \"True\", but {}",
+                    gate.condition_type, c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    if unready.is_empty() {
+        condition(READY, true, None, None)
+    } else {
+        condition(
+            READY,
+            false,
+            Some("ReadinessGatesNotReady"),
+            Some(unready.join(", ")),
+        )
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::container::{
+        PodSyncResult, SandboxId, SandboxStatus, SyncAction, SyncFailure, SyncResult,
+    };
+    use k8s_openapi::api::core::v1::PodReadinessGate;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    const SEC: i64 = 1_000_000_000;
+
+    fn spec_container(name: &str) -> Container {
+        Container {
+            name: name.to_owned(),
+            image: Some("busybox".to_owned()),
+            ..Container::default()
+        }
+    }
+
+    fn pod(policy: &str, init: &[&str], app: &[&str]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                uid: Some("uid-1".to_owned()),
+                name: Some("web".to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.to_owned()),
+                init_containers: (!init.is_empty())
+                    .then(|| init.iter().map(|n| spec_container(n)).collect()),
+                containers: app.iter().map(|n| spec_container(n)).collect(),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn running(id: &str, name: &str, restarts: u32) -> ContainerStatus {
+        ContainerStatus {
+            id: id.into(),
+            name: name.to_owned(),
+            state: ContainerState::Running,
+            created_at: 10 * SEC,
+            started_at: 11 * SEC,
+            finished_at: 0,
+            exit_code: 0,
+            image: "docker.io/library/busybox:latest".to_owned(),
+            image_ref: "sha256:abc".to_owned(),
+            hash: String::new(),
+            restart_count: restarts,
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+
+    fn exited(id: &str, name: &str, code: i32, restarts: u32) -> ContainerStatus {
+        ContainerStatus {
+            state: ContainerState::Exited,
+            finished_at: 12 * SEC + 500,
+            exit_code: code,
+            ..running(id, name, restarts)
+        }
+    }
+
+    fn runtime(containers: Vec<ContainerStatus>) -> PodStatus {
+        PodStatus {
+            uid: "uid-1".into(),
+            name: "web".to_owned(),
+            namespace: "default".to_owned(),
+            ips: vec!["10.1.0.5".to_owned()],
+            sandboxes: vec![SandboxStatus {
+                id: SandboxId::new("sb"),
+                state: SandboxState::Ready,
+                created_at: 5 * SEC,
+                attempt: 0,
+                ip: Some("10.1.0.5".to_owned()),
+                host_network: false,
+            }],
+            containers,
+        }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).unwrap()
+    }
+
+    fn generate(pod: &Pod, rt: &PodStatus, reasons: &ReasonCache) -> ApiPodStatus {
+        generate_at(pod, rt, reasons, None, "192.168.1.10", at(1_000))
+    }
+
+    fn fail_start(reasons: &ReasonCache, name: &str, reason: &str) {
+        reasons.update(
+            &PodUid::from("uid-1"),
+            &PodSyncResult {
+                results: vec![SyncResult {
+                    action: SyncAction::StartContainer,
+                    target: name.to_owned(),
+                    failure: Some(SyncFailure {
+                        reason: reason.to_owned(),
+                        message: format!("{reason} for {name}"),
+                    }),
+                }],
+            },
+        );
+    }
+
+    fn cond<'a>(status: &'a ApiPodStatus, type_: &str) -> &'a PodCondition {
+        status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap()
+    }
+
+    fn app_state(status: &ApiPodStatus, i: usize) -> &ApiContainerState {
+        status.container_statuses.as_ref().unwrap()[i]
+            .state
+            .as_ref()
+            .unwrap()
+    }
+
+    #[test]
+    fn phase_rules_over_restart_policy() {
+        let reasons = ReasonCache::new();
+        let phase = |policy: &str, containers: Vec<ContainerStatus>| {
+            generate(
+                &pod(policy, &[], &["a", "b"]),
+                &runtime(containers),
+                &reasons,
+            )
+            .phase
+            .unwrap()
+        };
+        assert_eq!(phase("Always", vec![]), "Pending");
+        assert_eq!(
+            phase("Always", vec![running("1", "a", 0)]),
+            "Pending",
+            "b not created yet"
+        );
+        assert_eq!(
+            phase("Always", vec![running("1", "a", 0), running("2", "b", 0)]),
+            "Running"
+        );
+        assert_eq!(
+            phase("Never", vec![running("1", "a", 0), exited("2", "b", 1, 0)]),
+            "Running"
+        );
+        let done = || vec![exited("1", "a", 0, 0), exited("2", "b", 0, 0)];
+        assert_eq!(phase("Always", done()), "Running", "Always restarts them");
+        assert_eq!(phase("OnFailure", done()), "Succeeded");
+        assert_eq!(phase("Never", done()), "Succeeded");
+        let failed = || vec![exited("1", "a", 0, 0), exited("2", "b", 2, 0)];
+        assert_eq!(phase("Always", failed()), "Running");
+        assert_eq!(
+            phase("OnFailure", failed()),
+            "Running",
+            "b is being restarted"
+        );
+        assert_eq!(phase("Never", failed()), "Failed");
+    }
+
+    #[test]
+    fn waiting_states_before_start() {
+        let reasons = ReasonCache::new();
+        let status = generate(&pod("Always", &[], &["a"]), &runtime(vec![]), &reasons);
+        let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("ContainerCreating"));
+        let cs = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(cs.image, "busybox");
+        assert_eq!(cs.started, Some(false));
+        assert!(!cs.ready);
+
+        fail_start(&reasons, "a", "ErrImageNeverPull");
+        let status = generate(&pod("Always", &[], &["a"]), &runtime(vec![]), &reasons);
+        let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("ErrImageNeverPull"));
+        assert_eq!(waiting.message.as_deref(), Some("ErrImageNeverPull for a"));
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+    }
+
+    #[test]
+    fn running_container_status() {
+        let reasons = ReasonCache::new();
+        let status = generate(
+            &pod("Always", &[], &["a"]),
+            &runtime(vec![running("c1", "a", 2), exited("c0", "a", 1, 1)]),
+            &reasons,
+        );
+        let cs = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(cs.container_id.as_deref(), Some("containerd://c1"));
+        assert_eq!(cs.image, "docker.io/library/busybox:latest");
+        assert_eq!(cs.image_id, "sha256:abc");
+        assert_eq!(cs.restart_count, 2);
+        assert!(cs.ready);
+        assert_eq!(cs.started, Some(true));
+        let state = cs.state.as_ref().unwrap();
+        assert_eq!(
+            state.running.as_ref().unwrap().started_at,
+            Some(Time(at(11)))
+        );
+        let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(last.exit_code, 1);
+        assert_eq!(last.container_id.as_deref(), Some("containerd://c0"));
+        assert_eq!(cond(&status, READY).status, "True");
+        assert_eq!(cond(&status, CONTAINERS_READY).status, "True");
+        assert_eq!(cond(&status, POD_READY_TO_START_CONTAINERS).status, "True");
+    }
+
+    #[test]
+    fn oom_killed_container() {
+        let reasons = ReasonCache::new();
+        let mut oom = exited("c1", "a", 137, 0);
+        oom.reason = "OOMKilled".to_owned();
+        let status = generate(&pod("Never", &[], &["a"]), &runtime(vec![oom]), &reasons);
+        let t = app_state(&status, 0).terminated.as_ref().unwrap();
+        assert_eq!(t.reason.as_deref(), Some("OOMKilled"));
+        assert_eq!(t.exit_code, 137);
+        assert_eq!(t.started_at, Some(Time(at(11))));
+        assert_eq!(t.finished_at, Some(Time(at(12))));
+        assert_eq!(t.container_id.as_deref(), Some("containerd://c1"));
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+
+        let status = generate(
+            &pod("Never", &[], &["a"]),
+            &runtime(vec![exited("c1", "a", 0, 0)]),
+            &reasons,
+        );
+        let t = app_state(&status, 0).terminated.as_ref().unwrap();
+        assert_eq!(t.reason.as_deref(), Some("Completed"));
+        assert_eq!(status.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(
+            cond(&status, CONTAINERS_READY).reason.as_deref(),
+            Some("PodCompleted")
+        );
+        assert_eq!(cond(&status, READY).reason.as_deref(), Some("PodCompleted"));
+        let initialized = cond(&status, INITIALIZED);
+        assert_eq!(initialized.status, "True");
+        assert_eq!(initialized.reason.as_deref(), Some("PodCompleted"));
+    }
+
+    #[test]
+    fn crash_loop_back_off_waits_with_last_state() {
+        let reasons = ReasonCache::new();
+        fail_start(&reasons, "a", "CrashLoopBackOff");
+        let status = generate(
+            &pod("Always", &[], &["a"]),
+            &runtime(vec![exited("c3", "a", 1, 3), exited("c2", "a", 1, 2)]),
+            &reasons,
+        );
+        let cs = &status.container_statuses.as_ref().unwrap()[0];
+        let waiting = cs.state.as_ref().unwrap().waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("CrashLoopBackOff"));
+        let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(
+            last.container_id.as_deref(),
+            Some("containerd://c3"),
+            "the newest exited instance becomes the last state"
+        );
+        assert_eq!(last.reason.as_deref(), Some("Error"));
+        assert_eq!(cs.restart_count, 3);
+        assert!(!cs.ready);
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        let ready = cond(&status, CONTAINERS_READY);
+        assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [a]")
+        );
+
+        // With restartPolicy Never the container is not restarted, so the failure is not shown.
+        let status = generate(
+            &pod("Never", &[], &["a"]),
+            &runtime(vec![exited("c3", "a", 1, 3)]),
+            &reasons,
+        );
+        assert!(app_state(&status, 0).terminated.is_some());
+    }
+
+    #[test]
+    fn failed_init_container_phase_by_restart_policy() {
+        let reasons = ReasonCache::new();
+        let rt = runtime(vec![exited("i1", "init", 1, 0)]);
+        for (policy, phase) in [
+            ("Never", "Failed"),
+            ("Always", "Pending"),
+            ("OnFailure", "Pending"),
+        ] {
+            let status = generate(&pod(policy, &["init"], &["app"]), &rt, &reasons);
+            assert_eq!(
+                status.phase.as_deref(),
+                Some(phase),
+                "restartPolicy {policy}"
+            );
+            let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+            assert_eq!(waiting.reason.as_deref(), Some("PodInitializing"));
+            let init = cond(&status, INITIALIZED);
+            assert_eq!(init.status, "False");
+            assert_eq!(init.reason.as_deref(), Some("ContainersNotInitialized"));
+            assert_eq!(
+                init.message.as_deref(),
+                Some("containers with incomplete status: [init]")
+            );
+        }
+
+        // Crash-looping init container: waiting with the failure as last state is still a failure.
+        fail_start(&reasons, "init", "CrashLoopBackOff");
+        let status = generate(&pod("Always", &["init"], &["app"]), &rt, &reasons);
+        let init_status = &status.init_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(
+            init_status
+                .state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("CrashLoopBackOff")
+        );
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+    }
+
+    #[test]
+    fn completed_init_container_lets_the_pod_run() {
+        let reasons = ReasonCache::new();
+        let status = generate(
+            &pod("Always", &["init"], &["app"]),
+            &runtime(vec![running("a1", "app", 0), exited("i1", "init", 0, 0)]),
+            &reasons,
+        );
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(cond(&status, INITIALIZED).status, "True");
+        let init_status = &status.init_container_statuses.as_ref().unwrap()[0];
+        assert!(init_status.ready, "a completed init container is ready");
+        assert_eq!(init_status.started, Some(false));
+
+        let status = generate(
+            &pod("Always", &["init"], &["app"]),
+            &runtime(vec![running("i1", "init", 0)]),
+            &reasons,
+        );
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("PodInitializing"));
+    }
+
+    #[test]
+    fn pod_ips_for_host_network_and_sandbox_network() {
+        let reasons = ReasonCache::new();
+        let mut host = pod("Always", &[], &["a"]);
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        let mut rt = runtime(vec![running("c", "a", 0)]);
+        rt.ips.clear();
+        rt.sandboxes[0].ip = None;
+        rt.sandboxes[0].host_network = true;
+        let status = generate(&host, &rt, &reasons);
+        assert_eq!(status.pod_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(status.pod_ips.as_ref().unwrap()[0].ip, "192.168.1.10");
+        assert_eq!(status.host_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(status.host_ips.as_ref().unwrap()[0].ip, "192.168.1.10");
+        assert_eq!(cond(&status, POD_READY_TO_START_CONTAINERS).status, "True");
+
+        let status = generate(
+            &pod("Always", &[], &["a"]),
+            &runtime(vec![running("c", "a", 0)]),
+            &reasons,
+        );
+        assert_eq!(status.pod_ip.as_deref(), Some("10.1.0.5"));
+        assert_eq!(status.host_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
+
+        let mut no_sandbox = runtime(vec![]);
+        no_sandbox.sandboxes.clear();
+        no_sandbox.ips.clear();
+        let status = generate(&pod("Always", &[], &["a"]), &no_sandbox, &reasons);
+        assert_eq!(status.pod_ip, None);
+        assert_eq!(cond(&status, POD_READY_TO_START_CONTAINERS).status, "False");
+    }
+
+    #[test]
+    fn conditions_keep_transition_times_while_unchanged() {
+        let reasons = ReasonCache::new();
+        let p = pod("Always", &[], &["a"]);
+        let first = generate_at(
+            &p,
+            &runtime(vec![]),
+            &reasons,
+            None,
+            "192.168.1.10",
+            at(100),
+        );
+        assert!(
+            first
+                .conditions
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|c| c.last_transition_time == Some(Time(at(100))))
+        );
+        assert_eq!(cond(&first, READY).status, "False");
+        assert_eq!(first.start_time, Some(Time(at(100))));
+
+        let same = generate_at(
+            &p,
+            &runtime(vec![]),
+            &reasons,
+            Some(&first),
+            "192.168.1.10",
+            at(200),
+        );
+        assert_eq!(same, first, "an unchanged pod regenerates the same status");
+
+        let second = generate_at(
+            &p,
+            &runtime(vec![running("c", "a", 0)]),
+            &reasons,
+            Some(&first),
+            "192.168.1.10",
+            at(300),
+        );
+        assert_eq!(cond(&second, READY).status, "True");
+        assert_eq!(
+            cond(&second, READY).last_transition_time,
+            Some(Time(at(300)))
+        );
+        assert_eq!(
+            cond(&second, CONTAINERS_READY).last_transition_time,
+            Some(Time(at(300)))
+        );
+        assert_eq!(
+            cond(&second, POD_SCHEDULED).last_transition_time,
+            Some(Time(at(100)))
+        );
+        assert_eq!(second.start_time, Some(Time(at(100))));
+    }
+
+    #[test]
+    fn terminal_phase_and_foreign_conditions_are_kept() {
+        let reasons = ReasonCache::new();
+        let mut p = pod("Never", &[], &["a"]);
+        p.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate {
+            condition_type: "example.com/gate".to_owned(),
+        }]);
+        let running_status = generate(&p, &runtime(vec![running("c", "a", 0)]), &reasons);
+        let ready = cond(&running_status, READY);
+        assert_eq!(ready.reason.as_deref(), Some("ReadinessGatesNotReady"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some(
+                "corresponding condition of pod readiness gate \"example.com/gate\" does not exist."
+            )
+        );
+
+        let mut previous = generate(&p, &runtime(vec![exited("c", "a", 1, 0)]), &reasons);
+        assert_eq!(previous.phase.as_deref(), Some("Failed"));
+        previous.conditions.as_mut().unwrap().push(PodCondition {
+            type_: "example.com/gate".to_owned(),
+            status: "True".to_owned(),
+            ..PodCondition::default()
+        });
+        let mut gone = runtime(vec![]);
+        gone.sandboxes.clear();
+        let status = generate_at(
+            &p,
+            &gone,
+            &reasons,
+            Some(&previous),
+            "192.168.1.10",
+            at(5_000),
+        );
+        assert_eq!(
+            status.phase.as_deref(),
+            Some("Failed"),
+            "terminal phase is final"
+        );
+        assert_eq!(cond(&status, "example.com/gate").status, "True");
+    }
+
+    #[test]
+    fn json_uses_kubernetes_field_names() {
+        let reasons = ReasonCache::new();
+        let mut oom = exited("c1", "a", 137, 0);
+        oom.reason = "OOMKilled".to_owned();
+        let status = generate(&pod("Never", &[], &["a"]), &runtime(vec![oom]), &reasons);
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["phase"], "Failed");
+        assert_eq!(json["hostIP"], "192.168.1.10");
+        assert_eq!(json["hostIPs"][0]["ip"], "192.168.1.10");
+        assert_eq!(json["podIP"], "10.1.0.5");
+        assert_eq!(json["podIPs"][0]["ip"], "10.1.0.5");
+        assert_eq!(json["qosClass"], "BestEffort");
+        assert_eq!(json["startTime"], "1970-01-01T00:16:40Z");
+        let condition_types: Vec<&str> = json["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            condition_types,
+            [
+                "PodReadyToStartContainers",
+                "Initialized",
+                "Ready",
+                "ContainersReady",
+                "PodScheduled"
+            ]
+        );
+        assert_eq!(
+            json["conditions"][2]["lastTransitionTime"],
+            "1970-01-01T00:16:40Z"
+        );
+        let cs = &json["containerStatuses"][0];
+        assert_eq!(cs["name"], "a");
+        assert_eq!(cs["containerID"], "containerd://c1");
+        assert_eq!(cs["imageID"], "sha256:abc");
+        assert_eq!(cs["restartCount"], 0);
+        assert_eq!(cs["ready"], false);
+        let t = &cs["state"]["terminated"];
+        assert_eq!(t["exitCode"], 137);
+        assert_eq!(t["reason"], "OOMKilled");
+        assert_eq!(t["containerID"], "containerd://c1");
+        assert_eq!(t["startedAt"], "1970-01-01T00:00:11Z");
+        assert_eq!(t["finishedAt"], "1970-01-01T00:00:12Z");
+    }
+}
