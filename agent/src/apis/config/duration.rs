@@ -125,6 +125,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -134,18 +135,18 @@ mod tests {
             ("0", Duration::ZERO),
             ("0s", Duration::ZERO),
             ("20s", Duration::from_secs(20)),
-            ("1m", Duration::from_secs(60)),
+            ("1m", Duration::from_mins(1)),
             ("1m30s", Duration::from_secs(90)),
-            ("2h", Duration::from_secs(7200)),
+            ("2h", Duration::from_hours(2)),
             ("1h2m3s", Duration::from_secs(3723)),
-            ("1.5h", Duration::from_secs(5400)),
+            ("1.5h", Duration::from_mins(90)),
             (".5s", Duration::from_millis(500)),
             ("300ms", Duration::from_millis(300)),
             ("10us", Duration::from_micros(10)),
             ("10\u{b5}s", Duration::from_micros(10)),
             ("7ns", Duration::from_nanos(7)),
             ("+5s", Duration::from_secs(5)),
-            ("1m0s", Duration::from_secs(60)),
+            ("1m0s", Duration::from_mins(1)),
             ("-0s", Duration::ZERO),
             ("1.000000001s", Duration::new(1, 1)),
         ];

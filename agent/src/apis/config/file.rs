@@ -188,18 +188,18 @@ pub(super) fn read_document(document: &Value) -> FileContents {
         match key {
             "apiVersion" => {
                 api_version_seen = true;
-                if let Some(found) = reader.string() {
-                    if found != API_VERSION {
-                        reader.problem(format!("must be {API_VERSION}, found {found:?}"));
-                    }
+                if let Some(found) = reader.string()
+                    && found != API_VERSION
+                {
+                    reader.problem(format!("must be {API_VERSION}, found {found:?}"));
                 }
             }
             "kind" => {
                 kind_seen = true;
-                if let Some(found) = reader.string() {
-                    if found != KIND {
-                        reader.problem(format!("must be {KIND}, found {found:?}"));
-                    }
+                if let Some(found) = reader.string()
+                    && found != KIND
+                {
+                    reader.problem(format!("must be {KIND}, found {found:?}"));
                 }
             }
             "staticPodPath" => raw.static_pod_path = reader.string(),

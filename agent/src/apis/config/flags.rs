@@ -19,7 +19,7 @@ use super::file::RawConfig;
     about = "Kubernetes node agent: runs static pods from manifest files or a manifest URL on a CRI runtime"
 )]
 pub struct Flags {
-    /// Path to a KubeletConfiguration file (kubelet.config.k8s.io/v1beta1). Flags override its values.
+    /// Path to a `KubeletConfiguration` file (kubelet.config.k8s.io/v1beta1). Flags override its values.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -56,7 +56,7 @@ pub struct Flags {
     #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
     pub root_dir: PathBuf,
 
-    /// CRI endpoint, e.g. unix:///run/containerd/containerd.sock (config: containerRuntimeEndpoint).
+    /// CRI endpoint, e.g. <unix:///run/containerd/containerd.sock> (config: containerRuntimeEndpoint).
     #[arg(long, value_name = "ENDPOINT")]
     pub container_runtime_endpoint: Option<String>,
 

@@ -109,7 +109,7 @@ impl Default for KubeletConfiguration {
             static_pod_url_header: BTreeMap::new(),
             file_check_frequency: Duration::from_secs(20),
             http_check_frequency: Duration::from_secs(20),
-            sync_frequency: Duration::from_secs(60),
+            sync_frequency: Duration::from_mins(1),
             address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             port: 10250,
             read_only_port: None,
@@ -120,7 +120,7 @@ impl Default for KubeletConfiguration {
             cgroups_per_qos: true,
             max_pods: 110,
             pods_per_core: 0,
-            runtime_request_timeout: Duration::from_secs(120),
+            runtime_request_timeout: Duration::from_mins(2),
             container_runtime_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_owned(),
             enable_debugging_handlers: true,
             run_once: false,
@@ -316,21 +316,21 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
         .static_pod_path
         .filter(|p| !p.is_empty())
         .map(PathBuf::from);
-    if let Some(path) = &static_pod_path {
-        if !path.is_absolute() {
-            problem(
-                "staticPodPath",
-                "pod-manifest-path",
-                format!("{} must be an absolute path", path.display()),
-            );
-        }
+    if let Some(path) = &static_pod_path
+        && !path.is_absolute()
+    {
+        problem(
+            "staticPodPath",
+            "pod-manifest-path",
+            format!("{} must be an absolute path", path.display()),
+        );
     }
 
     let static_pod_url = raw.static_pod_url.filter(|u| !u.is_empty());
-    if let Some(url) = &static_pod_url {
-        if let Err(reason) = validate_http_url(url) {
-            problem("staticPodURL", "manifest-url", format!("{url:?} {reason}"));
-        }
+    if let Some(url) = &static_pod_url
+        && let Err(reason) = validate_http_url(url)
+    {
+        problem("staticPodURL", "manifest-url", format!("{url:?} {reason}"));
     }
 
     let static_pod_url_header = raw.static_pod_url_header.unwrap_or_default();
@@ -436,7 +436,7 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
     });
 
     let cgroup_driver = match raw.cgroup_driver.as_deref() {
-        None | Some("") | Some("cgroupfs") => CgroupDriver::Cgroupfs,
+        None | Some("" | "cgroupfs") => CgroupDriver::Cgroupfs,
         Some("systemd") => CgroupDriver::Systemd,
         Some(other) => {
             problem(
@@ -543,7 +543,7 @@ fn validate_cgroup_root(root: &str, driver: CgroupDriver) -> Result<(), &'static
     }
     if driver == CgroupDriver::Systemd && root != "/" {
         let leaf = root.trim_end_matches('/').rsplit('/').next().unwrap_or("");
-        if !leaf.ends_with(".slice") || leaf == ".slice" {
+        if leaf.strip_suffix(".slice").is_none_or(str::is_empty) {
             return Err(
                 "must be / or a systemd slice such as /ringlet.slice with the systemd driver",
             );
@@ -577,4 +577,5 @@ fn validate_node_name(name: &str) -> Result<(), &'static str> {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
 mod tests;

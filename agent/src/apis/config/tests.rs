@@ -51,8 +51,8 @@ fn defaults_without_a_file() {
     );
     assert_eq!(k.file_check_frequency, Duration::from_secs(20));
     assert_eq!(k.http_check_frequency, Duration::from_secs(20));
-    assert_eq!(k.sync_frequency, Duration::from_secs(60));
-    assert_eq!(k.runtime_request_timeout, Duration::from_secs(120));
+    assert_eq!(k.sync_frequency, Duration::from_mins(1));
+    assert_eq!(k.runtime_request_timeout, Duration::from_mins(2));
     assert_eq!(k.server_addr(), "0.0.0.0:10250".parse().expect("addr"));
     assert_eq!(
         k.healthz_addr(),
@@ -271,8 +271,8 @@ fn durations_in_file_and_flags() {
     assert_eq!(k.file_check_frequency, Duration::from_secs(90));
     assert_eq!(k.http_check_frequency, Duration::from_millis(1500));
     // A zero duration in the file means "default", as in the kubelet.
-    assert_eq!(k.sync_frequency, Duration::from_secs(60));
-    assert_eq!(k.runtime_request_timeout, Duration::from_secs(7200));
+    assert_eq!(k.sync_frequency, Duration::from_mins(1));
+    assert_eq!(k.runtime_request_timeout, Duration::from_hours(2));
 
     let zero = invalid_problems(load([
         "ringlet",
