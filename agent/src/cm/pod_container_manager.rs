@@ -271,12 +271,11 @@ impl PodContainerManager {
         Ok(found)
     }
 
+    /// Processes in the cgroup, read from `cgroup.procs` in every hierarchy.
     fn processes(&self, relative: &str) -> Result<Vec<u64>, CmError> {
         let mut pids: Vec<u64> = Vec::new();
-        let managed = Cgroup::load(hierarchies::auto(), relative);
-        pids.extend(managed.procs().iter().map(|pid| pid.pid));
-        if let Some(unified) = &self.hierarchies.unified {
-            let procs = unified.join(relative).join("cgroup.procs");
+        for root in &self.hierarchies.roots {
+            let procs = root.join(relative).join("cgroup.procs");
             match std::fs::read_to_string(&procs) {
                 Ok(text) => pids.extend(text.lines().filter_map(|l| l.trim().parse::<u64>().ok())),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -295,16 +294,19 @@ impl PodContainerManager {
     }
 
     fn remove(&self, relative: &str) -> Result<(), CmError> {
-        let path = format!("/{relative}");
-        let managed = Cgroup::load(hierarchies::auto(), relative);
-        // cgroups-rs removes a v2 cgroup unconditionally and fails when it is already gone.
-        if !self.hierarchies.v2 || managed.exists() {
-            managed
+        // cgroups-rs retries a v1 rmdir that races with exiting tasks; it does not manage the
+        // cgroup2 tree of a hybrid host, and on pure v2 it fails for a missing cgroup, so every
+        // hierarchy is swept afterwards.
+        if !self.hierarchies.v2 {
+            Cgroup::load(hierarchies::auto(), relative)
                 .delete()
-                .map_err(|source| CmError::Remove { path, source })?;
+                .map_err(|source| CmError::Remove {
+                    path: format!("/{relative}"),
+                    source,
+                })?;
         }
-        if let Some(unified) = &self.hierarchies.unified {
-            let dir = unified.join(relative);
+        for root in &self.hierarchies.roots {
+            let dir = root.join(relative);
             match std::fs::remove_dir(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}

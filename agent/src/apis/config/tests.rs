@@ -126,6 +126,10 @@ fn run_once_from_the_file() {
 fn short_verbosity_flag() {
     let (config, _) = load(["ringlet", "--hostname-override=n", "-v", "3"]).expect("loads");
     assert_eq!(config.verbosity, 3);
+    let (config, _) = load(["ringlet", "--hostname-override=n", "-v=5"]).expect("loads");
+    assert_eq!(config.verbosity, 5);
+    let (config, _) = load(["ringlet", "--hostname-override=n", "--v", "2"]).expect("loads");
+    assert_eq!(config.verbosity, 2);
 }
 
 #[test]
