@@ -1,1 +1,581 @@
-//! (being written)
+//! The agent's configuration: a `KubeletConfiguration` file (`kubelet.config.k8s.io/v1beta1`, the
+//! kubelet's field names and defaults) overridden by command-line flags with the kubelet's names.
+//! Corresponds to the kubelet's `pkg/kubelet/apis/config` (types, defaults, validation) and
+//! `cmd/kubelet/app/options` (flags).
+//!
+//! Every problem in the file and the flags is collected and reported in one error; fields of the real
+//! `KubeletConfiguration` that ringlet does not act on yet are accepted with one warning naming them.
+
+mod duration;
+mod file;
+mod flags;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+
+pub use duration::{DurationError, parse_duration};
+pub use flags::Flags;
+
+use file::RawConfig;
+
+/// The kubelet's default CRI endpoint for containerd.
+pub const DEFAULT_CONTAINER_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+/// The read-only port the kubelet serves when it runs without a configuration file (its "legacy"
+/// flag defaults); with a file the read-only port is off unless set.
+pub const LEGACY_READ_ONLY_PORT: u16 = 10255;
+
+/// How pod cgroups are named and managed on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupDriver {
+    /// Plain cgroupfs directories (`/kubepods/burstable/pod<uid>`).
+    #[default]
+    Cgroupfs,
+    /// systemd slice names (`kubepods.slice/kubepods-burstable.slice/...`).
+    Systemd,
+}
+
+impl CgroupDriver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cgroupfs => "cgroupfs",
+            Self::Systemd => "systemd",
+        }
+    }
+}
+
+impl fmt::Display for CgroupDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `KubeletConfiguration` fields ringlet implements, defaulted and validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletConfiguration {
+    /// `staticPodPath`: a directory of manifests or a single manifest file (absolute).
+    pub static_pod_path: Option<PathBuf>,
+    /// `staticPodURL`: an http or https URL serving manifests.
+    pub static_pod_url: Option<String>,
+    /// `staticPodURLHeader`: headers sent with every request to `static_pod_url`.
+    pub static_pod_url_header: BTreeMap<String, Vec<String>>,
+    /// `fileCheckFrequency` (default 20s).
+    pub file_check_frequency: Duration,
+    /// `httpCheckFrequency` (default 20s).
+    pub http_check_frequency: Duration,
+    /// `syncFrequency` (default 1m).
+    pub sync_frequency: Duration,
+    /// `address` of the kubelet API (default 0.0.0.0).
+    pub address: IpAddr,
+    /// `port` of the kubelet API (default 10250).
+    pub port: u16,
+    /// `readOnlyPort`; `None` when disabled (0).
+    pub read_only_port: Option<u16>,
+    /// `healthzPort` (default 10248); `None` when disabled (0).
+    pub healthz_port: Option<u16>,
+    /// `healthzBindAddress` (default 127.0.0.1).
+    pub healthz_bind_address: IpAddr,
+    /// `cgroupDriver` (default cgroupfs).
+    pub cgroup_driver: CgroupDriver,
+    /// `cgroupRoot` (default `/`).
+    pub cgroup_root: String,
+    /// `cgroupsPerQOS` (default true).
+    pub cgroups_per_qos: bool,
+    /// `maxPods` (default 110).
+    pub max_pods: u32,
+    /// `podsPerCore`; 0 means no per-core limit.
+    pub pods_per_core: u32,
+    /// `runtimeRequestTimeout` (default 2m).
+    pub runtime_request_timeout: Duration,
+    /// `containerRuntimeEndpoint`, always a `unix://` URL with an absolute path.
+    pub container_runtime_endpoint: String,
+    /// `enableDebuggingHandlers` (default true).
+    pub enable_debugging_handlers: bool,
+    /// `runOnce` (default false).
+    pub run_once: bool,
+}
+
+impl Default for KubeletConfiguration {
+    /// The defaults of a configuration file that sets nothing.
+    fn default() -> Self {
+        Self {
+            static_pod_path: None,
+            static_pod_url: None,
+            static_pod_url_header: BTreeMap::new(),
+            file_check_frequency: Duration::from_secs(20),
+            http_check_frequency: Duration::from_secs(20),
+            sync_frequency: Duration::from_mins(1),
+            address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port: 10250,
+            read_only_port: None,
+            healthz_port: Some(10248),
+            healthz_bind_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            cgroup_root: "/".to_owned(),
+            cgroups_per_qos: true,
+            max_pods: 110,
+            pods_per_core: 0,
+            runtime_request_timeout: Duration::from_mins(2),
+            container_runtime_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_owned(),
+            enable_debugging_handlers: true,
+            run_once: false,
+        }
+    }
+}
+
+impl KubeletConfiguration {
+    /// Where the kubelet API listens.
+    pub fn server_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.address, self.port)
+    }
+
+    /// Where the read-only API listens, if enabled.
+    pub fn read_only_addr(&self) -> Option<SocketAddr> {
+        self.read_only_port
+            .map(|port| SocketAddr::new(self.address, port))
+    }
+
+    /// Where the healthz endpoint listens, if enabled.
+    pub fn healthz_addr(&self) -> Option<SocketAddr> {
+        self.healthz_port
+            .map(|port| SocketAddr::new(self.healthz_bind_address, port))
+    }
+
+    /// The unix socket path of `container_runtime_endpoint`.
+    pub fn runtime_socket_path(&self) -> &Path {
+        Path::new(
+            self.container_runtime_endpoint
+                .strip_prefix("unix://")
+                .unwrap_or(&self.container_runtime_endpoint),
+        )
+    }
+}
+
+/// Everything the agent is configured with: the `KubeletConfiguration` plus the flag-only settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    pub kubelet: KubeletConfiguration,
+    /// `--hostname-override` or the system hostname, lowercased.
+    pub node_name: String,
+    /// `--root-dir` (default /var/lib/kubelet).
+    pub root_dir: PathBuf,
+    /// `--runonce` or `runOnce` in the file.
+    pub runonce: bool,
+    /// `--maximum-dead-containers-per-container` (default 1); `None` (a negative flag value) keeps
+    /// every dead container.
+    pub max_dead_containers_per_container: Option<usize>,
+    /// `-v`/`--v` log verbosity.
+    pub verbosity: u8,
+    /// The `--config` file, if one was given.
+    pub config_file: Option<PathBuf>,
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("parsing command-line flags")]
+    Flags(#[source] clap::Error),
+    #[error("reading kubelet config file {path}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing kubelet config file {path} as YAML")]
+    ParseFile {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("reading the system hostname (set --hostname-override instead)")]
+    Hostname(#[source] std::io::Error),
+    #[error("invalid configuration ({origin}):\n  - {}", problems.join("\n  - "))]
+    Invalid {
+        /// The config file, or "command-line flags" when there is none.
+        origin: String,
+        problems: Vec<String>,
+    },
+}
+
+/// Parses `args` (including the program name) and loads the configuration. Returns the configuration
+/// and warnings to log. `--help` and `--version` come back as `ConfigError::Flags`, whose `exit()`
+/// prints them.
+pub fn load<I, T>(args: I) -> Result<(AgentConfig, Vec<String>), ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let flags = Flags::try_parse_from(args).map_err(ConfigError::Flags)?;
+    from_flags(&flags)
+}
+
+/// Loads the configuration for already parsed flags: reads `--config` if given, lays the flags over
+/// it, applies the kubelet's defaults and validates the result.
+pub fn from_flags(flags: &Flags) -> Result<(AgentConfig, Vec<String>), ConfigError> {
+    let hostname = match &flags.hostname_override {
+        Some(name) => name.clone(),
+        None => system_hostname().map_err(ConfigError::Hostname)?,
+    };
+    let contents = match &flags.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+                path: path.clone(),
+                source,
+            })?;
+            Some(read_file_text(path, &text)?)
+        }
+        None => None,
+    };
+    resolve(flags, contents, &hostname)
+}
+
+fn read_file_text(path: &Path, text: &str) -> Result<file::FileContents, ConfigError> {
+    let document: serde_yaml::Value =
+        serde_yaml::from_str(text).map_err(|source| ConfigError::ParseFile {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok(file::read_document(&document))
+}
+
+fn system_hostname() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+}
+
+fn resolve(
+    flags: &Flags,
+    contents: Option<file::FileContents>,
+    hostname: &str,
+) -> Result<(AgentConfig, Vec<String>), ConfigError> {
+    let have_file = contents.is_some();
+    let file::FileContents {
+        mut raw,
+        not_implemented,
+        mut problems,
+    } = contents.unwrap_or_default();
+    flags.overlay(&mut raw, &mut problems);
+    let kubelet = build(raw, have_file, &mut problems);
+
+    let node_name = hostname.trim().to_lowercase();
+    if let Err(reason) = validate_node_name(&node_name) {
+        problems.push(format!(
+            "node name {node_name:?} (--hostname-override): {reason}"
+        ));
+    }
+    if !flags.root_dir.is_absolute() {
+        problems.push(format!(
+            "--root-dir: {} must be an absolute path",
+            flags.root_dir.display()
+        ));
+    }
+
+    if !problems.is_empty() {
+        let origin = flags.config.as_ref().map_or_else(
+            || "command-line flags".to_owned(),
+            |path| format!("{} and command-line flags", path.display()),
+        );
+        return Err(ConfigError::Invalid { origin, problems });
+    }
+
+    let mut warnings = Vec::new();
+    if !not_implemented.is_empty() {
+        warnings.push(format!(
+            "ringlet does not implement these KubeletConfiguration fields yet: {}",
+            not_implemented.join(", ")
+        ));
+    }
+    let config = AgentConfig {
+        runonce: kubelet.run_once,
+        kubelet,
+        node_name,
+        root_dir: flags.root_dir.clone(),
+        max_dead_containers_per_container: usize::try_from(
+            flags.maximum_dead_containers_per_container,
+        )
+        .ok(),
+        verbosity: flags.v,
+        config_file: flags.config.clone(),
+    };
+    Ok((config, warnings))
+}
+
+/// Applies the kubelet's defaults to the merged values and validates them, appending every problem.
+#[allow(clippy::too_many_lines)]
+fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> KubeletConfiguration {
+    let defaults = KubeletConfiguration::default();
+    let mut problem = |field: &str, flag: &str, message: String| {
+        problems.push(format!("{field} (--{flag}): {message}"));
+    };
+
+    let static_pod_path = raw
+        .static_pod_path
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    if let Some(path) = &static_pod_path
+        && !path.is_absolute()
+    {
+        problem(
+            "staticPodPath",
+            "pod-manifest-path",
+            format!("{} must be an absolute path", path.display()),
+        );
+    }
+
+    let static_pod_url = raw.static_pod_url.filter(|u| !u.is_empty());
+    if let Some(url) = &static_pod_url
+        && let Err(reason) = validate_http_url(url)
+    {
+        problem("staticPodURL", "manifest-url", format!("{url:?} {reason}"));
+    }
+
+    let static_pod_url_header = raw.static_pod_url_header.unwrap_or_default();
+    for (name, values) in &static_pod_url_header {
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            problem(
+                "staticPodURLHeader",
+                "manifest-url-header",
+                format!("{name:?} is not a valid HTTP header name"),
+            );
+        }
+        for value in values {
+            if http::HeaderValue::from_str(value).is_err() {
+                problem(
+                    "staticPodURLHeader",
+                    "manifest-url-header",
+                    format!("value {value:?} of header {name:?} is not a valid HTTP header value"),
+                );
+            }
+        }
+    }
+
+    let mut positive = |value: Option<Duration>, default: Duration, field: &str, flag: &str| {
+        let value = value.unwrap_or(default);
+        if value.is_zero() {
+            problem(field, flag, "must be greater than 0".to_owned());
+        }
+        value
+    };
+    let file_check_frequency = positive(
+        raw.file_check_frequency,
+        defaults.file_check_frequency,
+        "fileCheckFrequency",
+        "file-check-frequency",
+    );
+    let http_check_frequency = positive(
+        raw.http_check_frequency,
+        defaults.http_check_frequency,
+        "httpCheckFrequency",
+        "http-check-frequency",
+    );
+    let sync_frequency = positive(
+        raw.sync_frequency,
+        defaults.sync_frequency,
+        "syncFrequency",
+        "sync-frequency",
+    );
+    let runtime_request_timeout = positive(
+        raw.runtime_request_timeout,
+        defaults.runtime_request_timeout,
+        "runtimeRequestTimeout",
+        "runtime-request-timeout",
+    );
+
+    let mut ip = |value: Option<String>, default: IpAddr, field: &str, flag: &str| match value {
+        None => default,
+        Some(text) => text.parse().unwrap_or_else(|_| {
+            problem(field, flag, format!("{text:?} is not an IP address"));
+            default
+        }),
+    };
+    let address = ip(raw.address, defaults.address, "address", "address");
+    let healthz_bind_address = ip(
+        raw.healthz_bind_address,
+        defaults.healthz_bind_address,
+        "healthzBindAddress",
+        "healthz-bind-address",
+    );
+
+    let mut port = |value: i64, field: &str, flag: &str, zero_disables: bool| -> Option<u16> {
+        if value == 0 && zero_disables {
+            return None;
+        }
+        match u16::try_from(value) {
+            Ok(port) if port > 0 => Some(port),
+            _ => {
+                let allowed = if zero_disables {
+                    "between 1 and 65535, or 0 to disable"
+                } else {
+                    "between 1 and 65535"
+                };
+                problem(field, flag, format!("{value} must be {allowed}"));
+                None
+            }
+        }
+    };
+    let port_number = raw
+        .port
+        .map_or(Some(defaults.port), |p| port(p, "port", "port", false));
+    let legacy_read_only = if have_file {
+        0
+    } else {
+        i64::from(LEGACY_READ_ONLY_PORT)
+    };
+    let read_only_port = port(
+        raw.read_only_port.unwrap_or(legacy_read_only),
+        "readOnlyPort",
+        "read-only-port",
+        true,
+    );
+    let healthz_port = raw.healthz_port.map_or(defaults.healthz_port, |p| {
+        port(p, "healthzPort", "healthz-port", true)
+    });
+
+    let cgroup_driver = match raw.cgroup_driver.as_deref() {
+        None | Some("" | "cgroupfs") => CgroupDriver::Cgroupfs,
+        Some("systemd") => CgroupDriver::Systemd,
+        Some(other) => {
+            problem(
+                "cgroupDriver",
+                "cgroup-driver",
+                format!("{other:?} must be cgroupfs or systemd"),
+            );
+            CgroupDriver::Cgroupfs
+        }
+    };
+    let cgroup_root = raw
+        .cgroup_root
+        .filter(|root| !root.is_empty())
+        .unwrap_or_else(|| defaults.cgroup_root.clone());
+    if let Err(reason) = validate_cgroup_root(&cgroup_root, cgroup_driver) {
+        problem(
+            "cgroupRoot",
+            "cgroup-root",
+            format!("{cgroup_root:?} {reason}"),
+        );
+    }
+
+    let mut count = |value: Option<i64>, default: u32, field: &str, flag: &str| match value {
+        None => default,
+        Some(n) if n < 0 => {
+            problem(field, flag, format!("{n} must not be a negative number"));
+            default
+        }
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| i32::try_from(*n).is_ok())
+            .unwrap_or_else(|| {
+                problem(field, flag, format!("{n} is too large"));
+                default
+            }),
+    };
+    let max_pods = count(raw.max_pods, defaults.max_pods, "maxPods", "max-pods");
+    let pods_per_core = count(
+        raw.pods_per_core,
+        defaults.pods_per_core,
+        "podsPerCore",
+        "pods-per-core",
+    );
+
+    let container_runtime_endpoint = raw
+        .container_runtime_endpoint
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| defaults.container_runtime_endpoint.clone());
+    let socket = container_runtime_endpoint.strip_prefix("unix://");
+    if !socket.is_some_and(|path| Path::new(path).is_absolute()) {
+        problem(
+            "containerRuntimeEndpoint",
+            "container-runtime-endpoint",
+            format!(
+                "{container_runtime_endpoint:?} must be a unix socket URL such as {DEFAULT_CONTAINER_RUNTIME_ENDPOINT}"
+            ),
+        );
+    }
+
+    KubeletConfiguration {
+        static_pod_path,
+        static_pod_url,
+        static_pod_url_header,
+        file_check_frequency,
+        http_check_frequency,
+        sync_frequency,
+        address,
+        port: port_number.unwrap_or(defaults.port),
+        read_only_port,
+        healthz_port,
+        healthz_bind_address,
+        cgroup_driver,
+        cgroup_root,
+        cgroups_per_qos: raw.cgroups_per_qos.unwrap_or(defaults.cgroups_per_qos),
+        max_pods,
+        pods_per_core,
+        runtime_request_timeout,
+        container_runtime_endpoint,
+        enable_debugging_handlers: raw
+            .enable_debugging_handlers
+            .unwrap_or(defaults.enable_debugging_handlers),
+        run_once: raw.run_once.unwrap_or(defaults.run_once),
+    }
+}
+
+fn validate_http_url(url: &str) -> Result<(), &'static str> {
+    let uri: http::Uri = url.parse().map_err(|_| "is not a valid URL")?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err("must be an http:// or https:// URL"),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("has no host");
+    }
+    Ok(())
+}
+
+fn validate_cgroup_root(root: &str, driver: CgroupDriver) -> Result<(), &'static str> {
+    if !root.starts_with('/') {
+        return Err("must be an absolute cgroup path");
+    }
+    if root.split('/').any(|part| part == "." || part == "..") {
+        return Err("must not contain . or .. components");
+    }
+    if driver == CgroupDriver::Systemd && root != "/" {
+        let leaf = root.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+        if leaf.strip_suffix(".slice").is_none_or(str::is_empty) {
+            return Err(
+                "must be / or a systemd slice such as /ringlet.slice with the systemd driver",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Node names end up in static pod names, so they must be DNS-1123 subdomains.
+fn validate_node_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("must not be empty");
+    }
+    if name.len() > 253 {
+        return Err("must be at most 253 characters");
+    }
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if name.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        Err("must be a DNS subdomain (lowercase letters, digits, '-' and '.')")
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+mod tests;

@@ -1,0 +1,377 @@
+//! Reading a `KubeletConfiguration` YAML document into loosely typed values, collecting every problem
+//! instead of stopping at the first (the kubelet's config-file decoding in `pkg/kubelet/kubeletconfig`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_yaml::Value;
+
+use super::duration::parse_duration;
+
+pub(super) const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub(super) const KIND: &str = "KubeletConfiguration";
+
+/// Fields of the real v1beta1 `KubeletConfiguration` that ringlet accepts but does not act on yet.
+const NOT_IMPLEMENTED: &[&str] = &[
+    "enableServer",
+    "podLogsDir",
+    "tlsCertFile",
+    "tlsPrivateKeyFile",
+    "tlsCipherSuites",
+    "tlsCurvePreferences",
+    "tlsMinVersion",
+    "rotateCertificates",
+    "serverTLSBootstrap",
+    "authentication",
+    "authorization",
+    "registryPullQPS",
+    "registryBurst",
+    "imagePullCredentialsVerificationPolicy",
+    "preloadedImagesVerificationAllowlist",
+    "eventRecordQPS",
+    "eventBurst",
+    "enableContentionProfiling",
+    "oomScoreAdj",
+    "clusterDomain",
+    "clusterDNS",
+    "streamingConnectionIdleTimeout",
+    "nodeStatusUpdateFrequency",
+    "nodeStatusReportFrequency",
+    "nodeLeaseDurationSeconds",
+    "imageMinimumGCAge",
+    "imageMaximumGCAge",
+    "imageGCHighThresholdPercent",
+    "imageGCLowThresholdPercent",
+    "volumeStatsAggPeriod",
+    "kubeletCgroups",
+    "systemCgroups",
+    "cpuManagerPolicy",
+    "singleProcessOOMKill",
+    "cpuManagerPolicyOptions",
+    "cpuManagerReconcilePeriod",
+    "draManagerReconcilePeriod",
+    "memoryManagerPolicy",
+    "topologyManagerPolicy",
+    "topologyManagerScope",
+    "topologyManagerPolicyOptions",
+    "qosReserved",
+    "hairpinMode",
+    "podCIDR",
+    "podPidsLimit",
+    "resolvConf",
+    "cpuCFSQuota",
+    "cpuCFSQuotaPeriod",
+    "nodeStatusMaxImages",
+    "maxOpenFiles",
+    "contentType",
+    "kubeAPIQPS",
+    "kubeAPIBurst",
+    "serializeImagePulls",
+    "maxParallelImagePulls",
+    "evictionHard",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "evictionPressureTransitionPeriod",
+    "evictionMaxPodGracePeriod",
+    "evictionMinimumReclaim",
+    "mergeDefaultEvictionSettings",
+    "enableControllerAttachDetach",
+    "protectKernelDefaults",
+    "makeIPTablesUtilChains",
+    "iptablesMasqueradeBit",
+    "iptablesDropBit",
+    "featureGates",
+    "failSwapOn",
+    "memorySwap",
+    "containerLogMaxSize",
+    "containerLogMaxFiles",
+    "containerLogMaxWorkers",
+    "containerLogMonitorInterval",
+    "configMapAndSecretChangeDetectionStrategy",
+    "systemReserved",
+    "kubeReserved",
+    "reservedSystemCPUs",
+    "showHiddenMetricsForVersion",
+    "systemReservedCgroup",
+    "kubeReservedCgroup",
+    "enforceNodeAllocatable",
+    "allowedUnsafeSysctls",
+    "volumePluginDir",
+    "providerID",
+    "kernelMemcgNotification",
+    "logging",
+    "enableSystemLogHandler",
+    "enableSystemLogQuery",
+    "shutdownGracePeriod",
+    "shutdownGracePeriodCriticalPods",
+    "shutdownGracePeriodByPodPriority",
+    "crashLoopBackOff",
+    "reservedMemory",
+    "enableProfilingHandler",
+    "enableDebugFlagsHandler",
+    "seccompDefault",
+    "memoryThrottlingFactor",
+    "memoryReservationPolicy",
+    "registerWithTaints",
+    "registerNode",
+    "tracing",
+    "localStorageCapacityIsolation",
+    "imageServiceEndpoint",
+    "failCgroupV1",
+    "userNamespaces",
+];
+
+/// Values as read from the file or the flags, before defaulting and validation. `None` means "not
+/// set here": the next layer or the default decides.
+#[derive(Debug, Default, Clone)]
+pub(super) struct RawConfig {
+    pub static_pod_path: Option<String>,
+    pub static_pod_url: Option<String>,
+    pub static_pod_url_header: Option<BTreeMap<String, Vec<String>>>,
+    pub file_check_frequency: Option<Duration>,
+    pub http_check_frequency: Option<Duration>,
+    pub sync_frequency: Option<Duration>,
+    pub address: Option<String>,
+    pub port: Option<i64>,
+    pub read_only_port: Option<i64>,
+    pub healthz_port: Option<i64>,
+    pub healthz_bind_address: Option<String>,
+    pub cgroup_driver: Option<String>,
+    pub cgroup_root: Option<String>,
+    pub cgroups_per_qos: Option<bool>,
+    pub max_pods: Option<i64>,
+    pub pods_per_core: Option<i64>,
+    pub runtime_request_timeout: Option<Duration>,
+    pub container_runtime_endpoint: Option<String>,
+    pub enable_debugging_handlers: Option<bool>,
+    pub run_once: Option<bool>,
+}
+
+/// What reading a document produced: the values, the recognised fields ringlet ignores, and every
+/// problem found.
+#[derive(Debug, Default)]
+pub(super) struct FileContents {
+    pub raw: RawConfig,
+    pub not_implemented: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// Reads a parsed YAML document. Zero values of fields the kubelet defaults when zero (durations,
+/// `port`, `maxPods`) count as unset, as with `omitempty` fields in the kubelet's decoding.
+pub(super) fn read_document(document: &Value) -> FileContents {
+    let mut out = FileContents::default();
+    let Value::Mapping(mapping) = document else {
+        out.problems.push(format!(
+            "the file must be a YAML mapping with apiVersion: {API_VERSION} and kind: {KIND}, found {}",
+            describe(document)
+        ));
+        return out;
+    };
+
+    let mut api_version_seen = false;
+    let mut kind_seen = false;
+    let mut unknown = Vec::new();
+    for (key, value) in mapping {
+        let Some(key) = key.as_str() else {
+            out.problems.push(format!(
+                "field names must be strings, found {}",
+                describe(key)
+            ));
+            continue;
+        };
+        let mut reader = FieldReader {
+            key,
+            value,
+            problems: &mut out.problems,
+        };
+        let raw = &mut out.raw;
+        match key {
+            "apiVersion" => {
+                api_version_seen = true;
+                if let Some(found) = reader.string()
+                    && found != API_VERSION
+                {
+                    reader.problem(format!("must be {API_VERSION}, found {found:?}"));
+                }
+            }
+            "kind" => {
+                kind_seen = true;
+                if let Some(found) = reader.string()
+                    && found != KIND
+                {
+                    reader.problem(format!("must be {KIND}, found {found:?}"));
+                }
+            }
+            "staticPodPath" => raw.static_pod_path = reader.string(),
+            "staticPodURL" => raw.static_pod_url = reader.string(),
+            "staticPodURLHeader" => raw.static_pod_url_header = reader.header_map(),
+            "fileCheckFrequency" => raw.file_check_frequency = reader.duration(),
+            "httpCheckFrequency" => raw.http_check_frequency = reader.duration(),
+            "syncFrequency" => raw.sync_frequency = reader.duration(),
+            "runtimeRequestTimeout" => raw.runtime_request_timeout = reader.duration(),
+            "address" => raw.address = reader.string(),
+            "port" => raw.port = reader.int().filter(|port| *port != 0),
+            "readOnlyPort" => raw.read_only_port = reader.int(),
+            "healthzPort" => raw.healthz_port = reader.int(),
+            "healthzBindAddress" => raw.healthz_bind_address = reader.string(),
+            "cgroupDriver" => raw.cgroup_driver = reader.string(),
+            "cgroupRoot" => raw.cgroup_root = reader.string(),
+            "cgroupsPerQOS" => raw.cgroups_per_qos = reader.bool(),
+            "maxPods" => raw.max_pods = reader.int().filter(|max| *max != 0),
+            "podsPerCore" => raw.pods_per_core = reader.int(),
+            "containerRuntimeEndpoint" => raw.container_runtime_endpoint = reader.string(),
+            "enableDebuggingHandlers" => raw.enable_debugging_handlers = reader.bool(),
+            "runOnce" => raw.run_once = reader.bool(),
+            other if NOT_IMPLEMENTED.contains(&other) => out.not_implemented.push(other.to_owned()),
+            other => unknown.push(other.to_owned()),
+        }
+    }
+    if !api_version_seen {
+        out.problems
+            .push(format!("apiVersion: missing (must be {API_VERSION})"));
+    }
+    if !kind_seen {
+        out.problems.push(format!("kind: missing (must be {KIND})"));
+    }
+    if !unknown.is_empty() {
+        out.problems.push(format!(
+            "unknown fields (not KubeletConfiguration {API_VERSION} fields): {}",
+            unknown.join(", ")
+        ));
+    }
+    out
+}
+
+struct FieldReader<'a> {
+    key: &'a str,
+    value: &'a Value,
+    problems: &'a mut Vec<String>,
+}
+
+impl FieldReader<'_> {
+    fn problem(&mut self, message: impl std::fmt::Display) {
+        self.problems.push(format!("{}: {message}", self.key));
+    }
+
+    fn wrong_type(&mut self, expected: &str) {
+        let found = describe(self.value);
+        self.problem(format!("expected {expected}, found {found}"));
+    }
+
+    /// `null` means "not set", as it does for the kubelet's JSON decoding.
+    fn string(&mut self) -> Option<String> {
+        match self.value {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            _ => {
+                self.wrong_type("a string");
+                None
+            }
+        }
+    }
+
+    fn int(&mut self) -> Option<i64> {
+        match self.value {
+            Value::Null => None,
+            Value::Number(n) => {
+                let int = n.as_i64();
+                if int.is_none() {
+                    self.wrong_type("an integer");
+                }
+                int
+            }
+            _ => {
+                self.wrong_type("an integer");
+                None
+            }
+        }
+    }
+
+    fn bool(&mut self) -> Option<bool> {
+        match self.value {
+            Value::Null => None,
+            Value::Bool(b) => Some(*b),
+            _ => {
+                self.wrong_type("true or false");
+                None
+            }
+        }
+    }
+
+    /// Durations are strings in a `KubeletConfiguration` (`metav1.Duration`); a zero duration means
+    /// "use the default".
+    fn duration(&mut self) -> Option<Duration> {
+        match self.value {
+            Value::Null => None,
+            Value::String(s) => match parse_duration(s) {
+                Ok(d) if d.is_zero() => None,
+                Ok(d) => Some(d),
+                Err(e) => {
+                    self.problem(e);
+                    None
+                }
+            },
+            _ => {
+                self.wrong_type("a duration string such as \"20s\"");
+                None
+            }
+        }
+    }
+
+    fn header_map(&mut self) -> Option<BTreeMap<String, Vec<String>>> {
+        let mapping = match self.value {
+            Value::Null => return None,
+            Value::Mapping(m) => m,
+            _ => {
+                self.wrong_type("a map of header name to a list of values");
+                return None;
+            }
+        };
+        let mut headers = BTreeMap::new();
+        let mut ok = true;
+        for (name, values) in mapping {
+            let Some(name) = name.as_str() else {
+                self.problem(format!(
+                    "header names must be strings, found {}",
+                    describe(name)
+                ));
+                ok = false;
+                continue;
+            };
+            let Value::Sequence(values) = values else {
+                self.problem(format!(
+                    "header {name:?}: expected a list of strings, found {}",
+                    describe(values)
+                ));
+                ok = false;
+                continue;
+            };
+            let mut list = Vec::with_capacity(values.len());
+            for value in values {
+                if let Some(s) = value.as_str() {
+                    list.push(s.to_owned());
+                } else {
+                    self.problem(format!(
+                        "header {name:?}: values must be strings, found {}",
+                        describe(value)
+                    ));
+                    ok = false;
+                }
+            }
+            headers.insert(name.to_owned(), list);
+        }
+        ok.then_some(headers)
+    }
+}
+
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) => format!("string {s:?}"),
+        Value::Sequence(_) => "a list".to_owned(),
+        Value::Mapping(_) => "a mapping".to_owned(),
+        Value::Tagged(tagged) => format!("tagged value {}", tagged.tag),
+    }
+}

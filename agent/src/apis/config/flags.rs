@@ -1,0 +1,206 @@
+//! ringlet's command line, with the kubelet's flag names (the kubelet's `cmd/kubelet/app/options`).
+//! Flags given on the command line override the configuration file.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::duration::parse_duration;
+use super::file::RawConfig;
+
+/// Command-line flags. Every flag backed by a `KubeletConfiguration` field is optional so that an
+/// unset flag leaves the file's value (or the default) in place.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "ringlet",
+    version,
+    about = "Kubernetes node agent: runs static pods from manifest files or a manifest URL on a CRI runtime"
+)]
+pub struct Flags {
+    /// Path to a `KubeletConfiguration` file (kubelet.config.k8s.io/v1beta1). Flags override its values.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Directory of static pod manifests, or a single manifest file (config: staticPodPath).
+    #[arg(long, value_name = "PATH")]
+    pub pod_manifest_path: Option<String>,
+
+    /// URL serving static pod manifests (config: staticPodURL).
+    #[arg(long, value_name = "URL")]
+    pub manifest_url: Option<String>,
+
+    /// HTTP headers for --manifest-url as comma-separated `name:value` pairs; repeatable. Replaces the
+    /// file's staticPodURLHeader; a repeated name adds values in order.
+    #[arg(long, value_name = "NAME:VALUE[,NAME:VALUE...]")]
+    pub manifest_url_header: Vec<String>,
+
+    /// How often to re-read the manifest path, e.g. 20s (config: fileCheckFrequency).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub file_check_frequency: Option<Duration>,
+
+    /// How often to poll the manifest URL, e.g. 20s (config: httpCheckFrequency).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub http_check_frequency: Option<Duration>,
+
+    /// Maximum period between pod syncs, e.g. 1m (config: syncFrequency).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub sync_frequency: Option<Duration>,
+
+    /// Node name to use instead of the system hostname (lowercased).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+
+    /// Directory for the agent's state files.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
+    pub root_dir: PathBuf,
+
+    /// CRI endpoint, e.g. <unix:///run/containerd/containerd.sock> (config: containerRuntimeEndpoint).
+    #[arg(long, value_name = "ENDPOINT")]
+    pub container_runtime_endpoint: Option<String>,
+
+    /// Timeout of runtime requests other than pulls, logs, exec and attach (config: runtimeRequestTimeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub runtime_request_timeout: Option<Duration>,
+
+    /// cgroupfs or systemd (config: cgroupDriver).
+    #[arg(long, value_name = "DRIVER")]
+    pub cgroup_driver: Option<String>,
+
+    /// Root cgroup for pods (config: cgroupRoot).
+    #[arg(long, value_name = "CGROUP")]
+    pub cgroup_root: Option<String>,
+
+    /// Put pods under per-QoS cgroups, e.g. --cgroups-per-qos=false (config: cgroupsPerQOS).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub cgroups_per_qos: Option<bool>,
+
+    /// IP address the kubelet API listens on (config: address).
+    #[arg(long, value_name = "IP")]
+    pub address: Option<String>,
+
+    /// Port of the kubelet API (config: port).
+    #[arg(long, value_name = "PORT", allow_negative_numbers = true)]
+    pub port: Option<i64>,
+
+    /// Port of the unauthenticated read-only API, 0 to disable (config: readOnlyPort).
+    #[arg(long, value_name = "PORT", allow_negative_numbers = true)]
+    pub read_only_port: Option<i64>,
+
+    /// Port of the localhost healthz endpoint, 0 to disable (config: healthzPort).
+    #[arg(long, value_name = "PORT", allow_negative_numbers = true)]
+    pub healthz_port: Option<i64>,
+
+    /// IP address the healthz endpoint listens on (config: healthzBindAddress).
+    #[arg(long, value_name = "IP")]
+    pub healthz_bind_address: Option<String>,
+
+    /// Maximum number of pods on this node (config: maxPods).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub max_pods: Option<i64>,
+
+    /// Maximum number of pods per CPU core, 0 for no limit (config: podsPerCore).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub pods_per_core: Option<i64>,
+
+    /// Serve exec, attach, port-forward and log endpoints (config: enableDebuggingHandlers).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub enable_debugging_handlers: Option<bool>,
+
+    /// Run the static pods once, report their result and exit (config: runOnce).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub runonce: Option<bool>,
+
+    /// Dead instances to keep per container; a negative number keeps all of them.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
+    pub maximum_dead_containers_per_container: i64,
+
+    /// Log verbosity level.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", default_value_t = 0)]
+    pub v: u8,
+}
+
+impl Flags {
+    /// Lays the flags that were given over `raw` (the file's values). Problems with
+    /// `--manifest-url-header` are appended to `problems`.
+    pub(super) fn overlay(&self, raw: &mut RawConfig, problems: &mut Vec<String>) {
+        fn set<T: Clone>(target: &mut Option<T>, flag: Option<&T>) {
+            if let Some(value) = flag {
+                *target = Some(value.clone());
+            }
+        }
+        set(&mut raw.static_pod_path, self.pod_manifest_path.as_ref());
+        set(&mut raw.static_pod_url, self.manifest_url.as_ref());
+        if !self.manifest_url_header.is_empty() {
+            let (headers, mut header_problems) = parse_url_headers(&self.manifest_url_header);
+            raw.static_pod_url_header = Some(headers);
+            problems.append(&mut header_problems);
+        }
+        set(
+            &mut raw.file_check_frequency,
+            self.file_check_frequency.as_ref(),
+        );
+        set(
+            &mut raw.http_check_frequency,
+            self.http_check_frequency.as_ref(),
+        );
+        set(&mut raw.sync_frequency, self.sync_frequency.as_ref());
+        set(
+            &mut raw.container_runtime_endpoint,
+            self.container_runtime_endpoint.as_ref(),
+        );
+        set(
+            &mut raw.runtime_request_timeout,
+            self.runtime_request_timeout.as_ref(),
+        );
+        set(&mut raw.cgroup_driver, self.cgroup_driver.as_ref());
+        set(&mut raw.cgroup_root, self.cgroup_root.as_ref());
+        set(&mut raw.cgroups_per_qos, self.cgroups_per_qos.as_ref());
+        set(&mut raw.address, self.address.as_ref());
+        set(&mut raw.port, self.port.as_ref());
+        set(&mut raw.read_only_port, self.read_only_port.as_ref());
+        set(&mut raw.healthz_port, self.healthz_port.as_ref());
+        set(
+            &mut raw.healthz_bind_address,
+            self.healthz_bind_address.as_ref(),
+        );
+        set(&mut raw.max_pods, self.max_pods.as_ref());
+        set(&mut raw.pods_per_core, self.pods_per_core.as_ref());
+        set(
+            &mut raw.enable_debugging_handlers,
+            self.enable_debugging_handlers.as_ref(),
+        );
+        set(&mut raw.run_once, self.runonce.as_ref());
+    }
+}
+
+/// Parses the `--manifest-url-header` occurrences: each is a comma-separated list of `name:value`
+/// pairs, split at the first colon; names and values are trimmed; values of a repeated name are
+/// kept in order. Returns the pairs that parsed and a problem for each that did not.
+fn parse_url_headers(occurrences: &[String]) -> (BTreeMap<String, Vec<String>>, Vec<String>) {
+    let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for occurrence in occurrences {
+        for pair in occurrence.split(',') {
+            if pair.trim().is_empty() {
+                continue;
+            }
+            match pair.split_once(':') {
+                Some((name, value)) if !name.trim().is_empty() => headers
+                    .entry(name.trim().to_owned())
+                    .or_default()
+                    .push(value.trim().to_owned()),
+                _ => problems.push(format!(
+                    "staticPodURLHeader (--manifest-url-header): {pair:?} is not a name:value pair"
+                )),
+            }
+        }
+    }
+    (headers, problems)
+}

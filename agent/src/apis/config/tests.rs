@@ -1,0 +1,412 @@
+use std::io::Write;
+
+use super::*;
+
+fn load_with_file(
+    yaml: &str,
+    extra_args: &[&str],
+) -> Result<(AgentConfig, Vec<String>), ConfigError> {
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    file.write_all(yaml.as_bytes()).expect("write config");
+    let path = file.path().to_str().expect("utf-8 temp path").to_owned();
+    let mut args = vec![
+        "ringlet",
+        "--hostname-override",
+        "node-a",
+        "--config",
+        &path,
+    ];
+    args.extend_from_slice(extra_args);
+    load(args)
+}
+
+fn invalid_problems(result: Result<(AgentConfig, Vec<String>), ConfigError>) -> Vec<String> {
+    match result {
+        Err(ConfigError::Invalid { problems, .. }) => problems,
+        other => panic!("expected an Invalid error, got {other:?}"),
+    }
+}
+
+const HEADER: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+#[test]
+fn defaults_without_a_file() {
+    let (config, warnings) =
+        load(["ringlet", "--hostname-override", "Node-A"]).expect("defaults load");
+    assert!(warnings.is_empty());
+    assert_eq!(config.node_name, "node-a");
+    assert_eq!(config.root_dir, PathBuf::from("/var/lib/kubelet"));
+    assert!(!config.runonce);
+    assert_eq!(config.max_dead_containers_per_container, Some(1));
+    assert_eq!(config.verbosity, 0);
+    assert_eq!(config.config_file, None);
+    let k = &config.kubelet;
+    // Without a file the kubelet serves the read-only port on its legacy default.
+    assert_eq!(
+        k,
+        &KubeletConfiguration {
+            read_only_port: Some(10255),
+            ..KubeletConfiguration::default()
+        }
+    );
+    assert_eq!(k.file_check_frequency, Duration::from_secs(20));
+    assert_eq!(k.http_check_frequency, Duration::from_secs(20));
+    assert_eq!(k.sync_frequency, Duration::from_mins(1));
+    assert_eq!(k.runtime_request_timeout, Duration::from_mins(2));
+    assert_eq!(k.server_addr(), "0.0.0.0:10250".parse().expect("addr"));
+    assert_eq!(
+        k.healthz_addr(),
+        Some("127.0.0.1:10248".parse().expect("addr"))
+    );
+    assert_eq!(k.cgroup_driver, CgroupDriver::Cgroupfs);
+    assert_eq!(k.cgroup_root, "/");
+    assert!(k.cgroups_per_qos);
+    assert_eq!(k.max_pods, 110);
+    assert!(k.enable_debugging_handlers);
+    assert_eq!(
+        k.runtime_socket_path(),
+        Path::new("/run/containerd/containerd.sock")
+    );
+}
+
+#[test]
+fn defaults_with_an_empty_file() {
+    let (config, warnings) = load_with_file(HEADER, &[]).expect("minimal file loads");
+    assert!(warnings.is_empty());
+    assert_eq!(config.kubelet, KubeletConfiguration::default());
+    assert_eq!(config.kubelet.read_only_port, None);
+}
+
+#[test]
+fn file_values_and_flag_overrides() {
+    let yaml = format!(
+        "{HEADER}staticPodPath: /etc/file/manifests\nsyncFrequency: 30s\nport: 11250\n\
+         readOnlyPort: 10255\nmaxPods: 50\ncgroupDriver: systemd\ncgroupRoot: /ringlet.slice\n\
+         healthzPort: 0\nenableDebuggingHandlers: false\n"
+    );
+    let (config, _) = load_with_file(
+        &yaml,
+        &[
+            "--pod-manifest-path",
+            "/etc/flag/manifests",
+            "--port=12250",
+            "--cgroups-per-qos=false",
+            "--runonce",
+            "--v=4",
+            "--maximum-dead-containers-per-container=-1",
+        ],
+    )
+    .expect("file and flags load");
+    let k = &config.kubelet;
+    assert_eq!(
+        k.static_pod_path,
+        Some(PathBuf::from("/etc/flag/manifests"))
+    );
+    assert_eq!(k.port, 12250);
+    assert_eq!(k.sync_frequency, Duration::from_secs(30));
+    assert_eq!(k.read_only_port, Some(10255));
+    assert_eq!(k.max_pods, 50);
+    assert_eq!(k.cgroup_driver, CgroupDriver::Systemd);
+    assert_eq!(k.cgroup_root, "/ringlet.slice");
+    assert!(!k.cgroups_per_qos);
+    assert_eq!(k.healthz_port, None);
+    assert!(!k.enable_debugging_handlers);
+    assert!(config.runonce);
+    assert_eq!(config.verbosity, 4);
+    assert_eq!(config.max_dead_containers_per_container, None);
+}
+
+#[test]
+fn run_once_from_the_file() {
+    let (config, _) = load_with_file(&format!("{HEADER}runOnce: true\n"), &[]).expect("loads");
+    assert!(config.runonce);
+}
+
+#[test]
+fn short_verbosity_flag() {
+    let (config, _) = load(["ringlet", "--hostname-override=n", "-v", "3"]).expect("loads");
+    assert_eq!(config.verbosity, 3);
+    let (config, _) = load(["ringlet", "--hostname-override=n", "-v=5"]).expect("loads");
+    assert_eq!(config.verbosity, 5);
+    let (config, _) = load(["ringlet", "--hostname-override=n", "--v", "2"]).expect("loads");
+    assert_eq!(config.verbosity, 2);
+}
+
+#[test]
+fn unknown_field_is_rejected() {
+    let yaml = format!("{HEADER}staticPodPath: /etc/m\nnotAField: 1\nalsoBogus: x\n");
+    let problems = invalid_problems(load_with_file(&yaml, &[]));
+    assert_eq!(
+        problems,
+        vec![
+            "unknown fields (not KubeletConfiguration kubelet.config.k8s.io/v1beta1 fields): \
+             notAField, alsoBogus"
+                .to_owned()
+        ]
+    );
+}
+
+#[test]
+fn unimplemented_fields_warn_once_listing_all() {
+    let yaml = format!(
+        "{HEADER}clusterDNS: [10.0.0.10]\nauthentication:\n  anonymous:\n    enabled: false\n\
+         staticPodPath: /etc/m\nevictionHard:\n  memory.available: 100Mi\n"
+    );
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
+    assert_eq!(
+        config.kubelet.static_pod_path,
+        Some(PathBuf::from("/etc/m"))
+    );
+    assert_eq!(
+        warnings,
+        vec![
+            "ringlet does not implement these KubeletConfiguration fields yet: clusterDNS, \
+             authentication, evictionHard"
+                .to_owned()
+        ]
+    );
+}
+
+#[test]
+fn every_invalid_value_is_reported_together() {
+    let yaml = "apiVersion: kubelet.config.k8s.io/v1\nkind: KubeletConfig\n\
+                port: 70000\nsyncFrequency: 10\nfileCheckFrequency: 5d\ncgroupDriver: openrc\n\
+                maxPods: -3\nstaticPodPath: etc/manifests\naddress: not-an-ip\n\
+                containerRuntimeEndpoint: tcp://1.2.3.4:1\nstaticPodURL: ftp://x/y\nbogus: 1\n";
+    let problems = invalid_problems(load_with_file(yaml, &["--healthz-port=-1"]));
+    let expected_fragments = [
+        "apiVersion: must be kubelet.config.k8s.io/v1beta1",
+        "kind: must be KubeletConfiguration",
+        "syncFrequency: expected a duration string",
+        "fileCheckFrequency: invalid duration \"5d\": unknown unit",
+        "unknown fields (not KubeletConfiguration kubelet.config.k8s.io/v1beta1 fields): bogus",
+        "staticPodPath (--pod-manifest-path): etc/manifests must be an absolute path",
+        "staticPodURL (--manifest-url): \"ftp://x/y\" must be an http:// or https:// URL",
+        "address (--address): \"not-an-ip\" is not an IP address",
+        "port (--port): 70000 must be between 1 and 65535",
+        "healthzPort (--healthz-port): -1 must be between 1 and 65535, or 0 to disable",
+        "cgroupDriver (--cgroup-driver): \"openrc\" must be cgroupfs or systemd",
+        "maxPods (--max-pods): -3 must not be a negative number",
+        "containerRuntimeEndpoint (--container-runtime-endpoint): \"tcp://1.2.3.4:1\" must be a unix socket URL",
+    ];
+    for fragment in expected_fragments {
+        assert!(
+            problems.iter().any(|p| p.starts_with(fragment)),
+            "missing {fragment:?} in {problems:#?}"
+        );
+    }
+    assert_eq!(problems.len(), expected_fragments.len(), "{problems:#?}");
+}
+
+#[test]
+fn error_message_lists_every_problem() {
+    let err = load([
+        "ringlet",
+        "--hostname-override=n",
+        "--port=0",
+        "--max-pods=-1",
+    ])
+    .expect_err("invalid flags");
+    let message = err.to_string();
+    assert!(
+        message.starts_with("invalid configuration (command-line flags):"),
+        "{message}"
+    );
+    assert!(
+        message.contains("\n  - port (--port): 0 must be between 1 and 65535"),
+        "{message}"
+    );
+    assert!(
+        message.contains("\n  - maxPods (--max-pods): -1 must not be a negative number"),
+        "{message}"
+    );
+}
+
+#[test]
+fn missing_api_version_and_kind_are_reported() {
+    let problems = invalid_problems(load_with_file("staticPodPath: /etc/m\n", &[]));
+    assert_eq!(
+        problems,
+        vec![
+            "apiVersion: missing (must be kubelet.config.k8s.io/v1beta1)".to_owned(),
+            "kind: missing (must be KubeletConfiguration)".to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn non_mapping_file_is_rejected() {
+    let problems = invalid_problems(load_with_file("- a\n- b\n", &[]));
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0].contains("must be a YAML mapping"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn yaml_syntax_error_names_the_file() {
+    let err = load_with_file("apiVersion: [unclosed\n", &[]).expect_err("bad yaml");
+    assert!(matches!(err, ConfigError::ParseFile { .. }), "{err:?}");
+}
+
+#[test]
+fn missing_file_names_the_path() {
+    let err = load([
+        "ringlet",
+        "--hostname-override=n",
+        "--config=/nonexistent/ringlet.yaml",
+    ])
+    .expect_err("missing file");
+    assert!(
+        err.to_string().contains("/nonexistent/ringlet.yaml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn durations_in_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}fileCheckFrequency: 1m30s\nhttpCheckFrequency: 500ms\nsyncFrequency: 0s\n\
+         runtimeRequestTimeout: 2h\n"
+    );
+    let (config, _) = load_with_file(&yaml, &["--http-check-frequency=1.5s"]).expect("loads");
+    let k = &config.kubelet;
+    assert_eq!(k.file_check_frequency, Duration::from_secs(90));
+    assert_eq!(k.http_check_frequency, Duration::from_millis(1500));
+    // A zero duration in the file means "default", as in the kubelet.
+    assert_eq!(k.sync_frequency, Duration::from_mins(1));
+    assert_eq!(k.runtime_request_timeout, Duration::from_hours(2));
+
+    let zero = invalid_problems(load([
+        "ringlet",
+        "--hostname-override=n",
+        "--sync-frequency=0s",
+    ]));
+    assert_eq!(
+        zero,
+        vec!["syncFrequency (--sync-frequency): must be greater than 0".to_owned()]
+    );
+
+    let err = load(["ringlet", "--sync-frequency=10"]).expect_err("unitless duration");
+    assert!(matches!(err, ConfigError::Flags(_)), "{err:?}");
+}
+
+#[test]
+fn url_headers_from_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}staticPodURL: https://example.com/pods\n\
+         staticPodURLHeader:\n  Authorization: [\"Bearer abc\"]\n  X-Multi: [a, b]\n"
+    );
+    let (config, _) = load_with_file(&yaml, &[]).expect("loads");
+    let headers = &config.kubelet.static_pod_url_header;
+    assert_eq!(headers["Authorization"], vec!["Bearer abc"]);
+    assert_eq!(headers["X-Multi"], vec!["a", "b"]);
+
+    let (config, _) = load_with_file(
+        &yaml,
+        &[
+            "--manifest-url-header",
+            "a:hello,b:again,c:world",
+            "--manifest-url-header",
+            "b:beautiful, url: http://x:1/y ",
+        ],
+    )
+    .expect("loads");
+    let headers = &config.kubelet.static_pod_url_header;
+    let expected: BTreeMap<String, Vec<String>> = [
+        ("a", vec!["hello"]),
+        ("b", vec!["again", "beautiful"]),
+        ("c", vec!["world"]),
+        ("url", vec!["http://x:1/y"]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.into_iter().map(str::to_owned).collect()))
+    .collect();
+    assert_eq!(headers, &expected, "flags replace the file's headers");
+
+    let problems = invalid_problems(load([
+        "ringlet",
+        "--hostname-override=n",
+        "--manifest-url-header=novalue,:empty",
+        "--manifest-url-header=bad name:x",
+    ]));
+    assert_eq!(problems.len(), 3, "{problems:#?}");
+    assert!(problems[0].contains("\"novalue\" is not a name:value pair"));
+    assert!(problems[1].contains("\":empty\" is not a name:value pair"));
+    assert!(problems[2].contains("\"bad name\" is not a valid HTTP header name"));
+
+    let bad_types = invalid_problems(load_with_file(
+        &format!("{HEADER}staticPodURLHeader:\n  A: b\n  C: [1]\n"),
+        &[],
+    ));
+    assert_eq!(bad_types.len(), 2, "{bad_types:#?}");
+    assert!(bad_types[0].contains("header \"A\": expected a list of strings"));
+    assert!(bad_types[1].contains("header \"C\": values must be strings"));
+}
+
+#[test]
+fn node_name_is_validated() {
+    let problems = invalid_problems(load(["ringlet", "--hostname-override=bad_name!"]));
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0].starts_with("node name \"bad_name!\""),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn system_hostname_is_used_without_override() {
+    let (config, _) = load(["ringlet"]).expect("loads with the system hostname");
+    let expected = system_hostname().expect("hostname").trim().to_lowercase();
+    assert_eq!(config.node_name, expected);
+}
+
+#[test]
+fn systemd_cgroup_root_must_be_a_slice() {
+    let problems = invalid_problems(load([
+        "ringlet",
+        "--hostname-override=n",
+        "--cgroup-driver=systemd",
+        "--cgroup-root=/ringlet",
+    ]));
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0].starts_with("cgroupRoot (--cgroup-root)"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn help_is_available() {
+    let err = load(["ringlet", "--help"]).expect_err("help exits");
+    let ConfigError::Flags(clap_err) = err else {
+        panic!("expected a clap error");
+    };
+    assert_eq!(clap_err.kind(), clap::error::ErrorKind::DisplayHelp);
+    let help = clap_err.to_string();
+    for flag in [
+        "--config",
+        "--pod-manifest-path",
+        "--manifest-url-header",
+        "--root-dir",
+        "--maximum-dead-containers-per-container",
+        "--cgroups-per-qos",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from help");
+    }
+}
+
+#[test]
+fn example_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/kubelet-config.yaml");
+    let path = path.to_str().expect("utf-8 path").to_owned();
+    let (config, warnings) =
+        load(["ringlet", "--hostname-override=node-a", "--config", &path]).expect("example loads");
+    assert_eq!(
+        config.kubelet.static_pod_path,
+        Some(PathBuf::from("/etc/ringlet/manifests"))
+    );
+    assert_eq!(config.kubelet.read_only_port, Some(10255));
+    assert!(warnings.is_empty(), "{warnings:?}");
+}

@@ -1,0 +1,425 @@
+//! Pod cgroups under per-QoS parents: created before the sandbox runs, removed after it is gone,
+//! listed for orphan cleanup (the kubelet's `pod_container_manager_linux.go` and
+//! `qos_container_manager_linux.go`, with `cgroupsPerQOS`).
+//!
+//! All operations are blocking filesystem calls on cgroupfs (a few `mkdir`/`rmdir` per hierarchy);
+//! callers on the async core run them with `spawn_blocking`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use cgroups_rs::fs::Cgroup;
+use cgroups_rs::fs::hierarchies::{self, UNIFIED_MOUNTPOINT};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::CmError;
+use super::cgroup_name::{CgroupName, unescape_systemd};
+use super::qos::{QosClass, qos_class};
+use crate::apis::config::{CgroupDriver, KubeletConfiguration};
+use crate::container::PodUid;
+
+/// The top-level cgroup for all pods, below `cgroupRoot`.
+const KUBEPODS: &str = "kubepods";
+const POD_PREFIX: &str = "pod";
+
+/// A pod cgroup found on the host.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodCgroup {
+    pub uid: PodUid,
+    pub qos: QosClass,
+    /// The driver's absolute path, e.g. `/kubepods/besteffort/pod<uid>`.
+    pub path: String,
+}
+
+/// The cgroup hierarchies mounted on the host.
+#[derive(Debug, Clone)]
+struct Hierarchies {
+    /// Pure cgroup v2 (cgroups-rs then manages the unified tree).
+    v2: bool,
+    /// Mount points of every hierarchy pod cgroups are created in.
+    roots: Vec<PathBuf>,
+    /// The cgroup2 mount of a hybrid host (e.g. `/sys/fs/cgroup/unified`), which cgroups-rs does not
+    /// manage but runc creates container cgroups in.
+    unified: Option<PathBuf>,
+}
+
+impl Hierarchies {
+    fn detect() -> Result<Self, CmError> {
+        let hierarchy = hierarchies::auto();
+        if hierarchy.v2() {
+            return Ok(Self {
+                v2: true,
+                roots: vec![PathBuf::from(UNIFIED_MOUNTPOINT)],
+                unified: None,
+            });
+        }
+        let root = Cgroup::load(hierarchy, "");
+        let mut roots: Vec<PathBuf> = root
+            .subsystems()
+            .iter()
+            .map(|subsystem| subsystem.to_controller().path().to_path_buf())
+            .collect();
+        roots.sort();
+        roots.dedup();
+        let unified = find_cgroup2_mount()?;
+        roots.extend(unified.clone());
+        if roots.is_empty() {
+            return Err(CmError::NoCgroupHierarchy);
+        }
+        Ok(Self {
+            v2: false,
+            roots,
+            unified,
+        })
+    }
+}
+
+/// Finds the cgroup2 mount point in `/proc/self/mountinfo` (fields: id, parent, dev, root, mount
+/// point, ... ` - ` fstype source options).
+fn find_cgroup2_mount() -> Result<Option<PathBuf>, CmError> {
+    const MOUNTINFO: &str = "/proc/self/mountinfo";
+    let text = std::fs::read_to_string(MOUNTINFO).map_err(|source| CmError::Io {
+        action: "reading mount table",
+        path: PathBuf::from(MOUNTINFO),
+        source,
+    })?;
+    Ok(text.lines().find_map(|line| {
+        let (mount, filesystem) = line.split_once(" - ")?;
+        if filesystem.split(' ').next()? != "cgroup2" {
+            return None;
+        }
+        mount.split(' ').nth(4).map(PathBuf::from)
+    }))
+}
+
+/// Creates, checks, lists and removes pod cgroups (`<cgroupRoot>/kubepods/<qos>/pod<uid>`).
+#[derive(Debug, Clone)]
+pub struct PodContainerManager {
+    root: CgroupName,
+    driver: CgroupDriver,
+    cgroups_per_qos: bool,
+    hierarchies: Hierarchies,
+}
+
+impl PodContainerManager {
+    /// A manager for the host's cgroup hierarchies. With `cgroups_per_qos` off pods share
+    /// `cgroup_root` as their parent and no pod cgroups are created, as in the kubelet.
+    pub fn new(
+        cgroup_root: &str,
+        driver: CgroupDriver,
+        cgroups_per_qos: bool,
+    ) -> Result<Self, CmError> {
+        Ok(Self {
+            root: CgroupName::parse(cgroup_root, driver),
+            driver,
+            cgroups_per_qos,
+            hierarchies: Hierarchies::detect()?,
+        })
+    }
+
+    /// A manager configured by `cgroupRoot`, `cgroupDriver` and `cgroupsPerQOS`.
+    pub fn from_config(config: &KubeletConfiguration) -> Result<Self, CmError> {
+        Self::new(
+            &config.cgroup_root,
+            config.cgroup_driver,
+            config.cgroups_per_qos,
+        )
+    }
+
+    pub fn driver(&self) -> CgroupDriver {
+        self.driver
+    }
+
+    /// The `QoS` parent: `kubepods` for Guaranteed pods, `kubepods/<qos>` for the others.
+    pub fn qos_cgroup_name(&self, qos: QosClass) -> CgroupName {
+        let kubepods = self.root.child(KUBEPODS);
+        match qos {
+            QosClass::Guaranteed => kubepods,
+            QosClass::Burstable => kubepods.child("burstable"),
+            QosClass::BestEffort => kubepods.child("besteffort"),
+        }
+    }
+
+    /// The pod's cgroup (`<qos parent>/pod<uid>`).
+    pub fn pod_cgroup_name(&self, uid: &PodUid, qos: QosClass) -> CgroupName {
+        self.qos_cgroup_name(qos)
+            .child(format!("{POD_PREFIX}{}", uid.as_str()))
+    }
+
+    /// The `cgroup_parent` for the pod's CRI sandbox: the pod cgroup as the driver spells it (an
+    /// absolute `/kubepods/...` path with cgroupfs), or `cgroupRoot` when `cgroupsPerQOS` is off.
+    pub fn cgroup_parent_for(&self, uid: &PodUid, qos: QosClass) -> String {
+        if self.cgroups_per_qos {
+            self.pod_cgroup_name(uid, qos).to_driver_path(self.driver)
+        } else {
+            self.root.to_driver_path(self.driver)
+        }
+    }
+
+    /// [`Self::cgroup_parent_for`] with the pod's UID and `QoS` class.
+    pub fn cgroup_parent_for_runtime(&self, pod: &Pod) -> Result<String, CmError> {
+        Ok(self.cgroup_parent_for(&pod_uid(pod)?, qos_class(pod)))
+    }
+
+    /// Creates the pod's `QoS` parent and pod cgroup in every hierarchy (no-op when they exist or
+    /// `cgroupsPerQOS` is off).
+    pub fn ensure_exists(&self, pod: &Pod) -> Result<(), CmError> {
+        self.ensure_pod_cgroup(&pod_uid(pod)?, qos_class(pod))
+    }
+
+    /// [`Self::ensure_exists`] for a known UID and `QoS` class.
+    pub fn ensure_pod_cgroup(&self, uid: &PodUid, qos: QosClass) -> Result<(), CmError> {
+        if !self.cgroups_per_qos {
+            return Ok(());
+        }
+        let name = self.pod_cgroup_name(uid, qos);
+        // Level by level, so cgroups-rs initialises every new v1 cpuset parent before its child.
+        for depth in 1..=name.components().len() {
+            let level = CgroupName::new(name.components()[..depth].to_vec());
+            let relative = level.relative_path(self.driver);
+            if self.exists_everywhere(&relative) {
+                continue;
+            }
+            let path = level.to_driver_path(self.driver);
+            Cgroup::load(hierarchies::auto(), &relative)
+                .create()
+                .map_err(|source| CmError::Create {
+                    path: path.clone(),
+                    source,
+                })?;
+            if let Some(unified) = &self.hierarchies.unified {
+                let dir = unified.join(&relative);
+                std::fs::create_dir_all(&dir).map_err(|source| CmError::Io {
+                    action: "creating cgroup",
+                    path: dir,
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the pod cgroup exists in every hierarchy (always true with `cgroupsPerQOS` off).
+    pub fn exists(&self, uid: &PodUid, qos: QosClass) -> bool {
+        !self.cgroups_per_qos
+            || self.exists_everywhere(&self.pod_cgroup_name(uid, qos).relative_path(self.driver))
+    }
+
+    fn exists_everywhere(&self, relative: &str) -> bool {
+        self.hierarchies
+            .roots
+            .iter()
+            .all(|root| root.join(relative).is_dir())
+    }
+
+    /// Removes the pod cgroup, and any container cgroups left below it, from every hierarchy. Call it
+    /// after the pod's sandbox is removed: a cgroup that still has processes is an error naming it,
+    /// and nothing is removed then.
+    pub fn destroy(&self, uid: &PodUid, qos: QosClass) -> Result<(), CmError> {
+        if !self.cgroups_per_qos {
+            return Ok(());
+        }
+        let name = self.pod_cgroup_name(uid, qos);
+        let relative = name.relative_path(self.driver);
+        let subtree = self.subtree(&relative)?;
+
+        for cgroup in &subtree {
+            let pids = self.processes(cgroup)?;
+            if !pids.is_empty() {
+                return Err(CmError::HasProcesses {
+                    path: format!("/{cgroup}"),
+                    pids,
+                });
+            }
+        }
+        // Deepest first: a cgroup can only be removed once its children are gone.
+        let mut deepest_first: Vec<&String> = subtree.iter().collect();
+        deepest_first.sort_by_key(|cgroup| std::cmp::Reverse(cgroup.matches('/').count()));
+        for cgroup in deepest_first {
+            self.remove(cgroup)?;
+        }
+        Ok(())
+    }
+
+    /// Relative paths of `relative` and every cgroup below it, in any hierarchy.
+    fn subtree(&self, relative: &str) -> Result<BTreeSet<String>, CmError> {
+        let mut found = BTreeSet::new();
+        for root in &self.hierarchies.roots {
+            let mut pending = vec![relative.to_owned()];
+            while let Some(current) = pending.pop() {
+                let dir = root.join(&current);
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(entries) => entries,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(source) => {
+                        return Err(CmError::Io {
+                            action: "listing cgroup",
+                            path: dir,
+                            source,
+                        });
+                    }
+                };
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        pending.push(format!("{current}/{}", entry.file_name().to_string_lossy()));
+                    }
+                }
+                found.insert(current);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Processes in the cgroup, read from `cgroup.procs` in every hierarchy.
+    fn processes(&self, relative: &str) -> Result<Vec<u64>, CmError> {
+        let mut pids: Vec<u64> = Vec::new();
+        for root in &self.hierarchies.roots {
+            let procs = root.join(relative).join("cgroup.procs");
+            match std::fs::read_to_string(&procs) {
+                Ok(text) => pids.extend(text.lines().filter_map(|l| l.trim().parse::<u64>().ok())),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(CmError::Io {
+                        action: "reading cgroup processes",
+                        path: procs,
+                        source,
+                    });
+                }
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+
+    fn remove(&self, relative: &str) -> Result<(), CmError> {
+        // cgroups-rs retries a v1 rmdir that races with exiting tasks; it does not manage the
+        // cgroup2 tree of a hybrid host, and on pure v2 it fails for a missing cgroup, so every
+        // hierarchy is swept afterwards.
+        if !self.hierarchies.v2 {
+            Cgroup::load(hierarchies::auto(), relative)
+                .delete()
+                .map_err(|source| CmError::Remove {
+                    path: format!("/{relative}"),
+                    source,
+                })?;
+        }
+        for root in &self.hierarchies.roots {
+            let dir = root.join(relative);
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(CmError::Io {
+                        action: "removing cgroup",
+                        path: dir,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every pod cgroup below the `QoS` parents in any hierarchy, so pods the agent no longer knows
+    /// can be cleaned up. Empty with `cgroupsPerQOS` off.
+    pub fn list_pod_cgroups(&self) -> Result<Vec<PodCgroup>, CmError> {
+        if !self.cgroups_per_qos {
+            return Ok(Vec::new());
+        }
+        let mut found: BTreeMap<(QosClass, String), PodCgroup> = BTreeMap::new();
+        for qos in [
+            QosClass::Guaranteed,
+            QosClass::Burstable,
+            QosClass::BestEffort,
+        ] {
+            let parent = self.qos_cgroup_name(qos);
+            let relative = parent.relative_path(self.driver);
+            let leaf_prefix = match self.driver {
+                CgroupDriver::Cgroupfs => POD_PREFIX.to_owned(),
+                CgroupDriver::Systemd => {
+                    let probe = parent.child(POD_PREFIX).leaf(self.driver);
+                    probe.strip_suffix(".slice").unwrap_or(&probe).to_owned()
+                }
+            };
+            for root in &self.hierarchies.roots {
+                let dir = root.join(&relative);
+                for leaf in child_dirs(&dir)? {
+                    let Some(uid) = self.uid_from_leaf(&leaf, &leaf_prefix) else {
+                        continue;
+                    };
+                    let uid = PodUid::new(uid);
+                    found
+                        .entry((qos, uid.as_str().to_owned()))
+                        .or_insert_with(|| PodCgroup {
+                            path: self.pod_cgroup_name(&uid, qos).to_driver_path(self.driver),
+                            uid,
+                            qos,
+                        });
+                }
+            }
+        }
+        Ok(found.into_values().collect())
+    }
+
+    fn uid_from_leaf(&self, leaf: &str, prefix: &str) -> Option<String> {
+        let rest = leaf.strip_prefix(prefix)?;
+        let uid = match self.driver {
+            CgroupDriver::Cgroupfs => rest.to_owned(),
+            CgroupDriver::Systemd => unescape_systemd(rest.strip_suffix(".slice")?),
+        };
+        validate_uid(&uid).ok().map(|()| uid)
+    }
+}
+
+fn child_dirs(dir: &Path) -> Result<Vec<String>, CmError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(CmError::Io {
+                action: "listing cgroup",
+                path: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    Ok(entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect())
+}
+
+/// The pod's UID, checked to be usable as part of a cgroup path.
+fn pod_uid(pod: &Pod) -> Result<PodUid, CmError> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    if uid.is_empty() {
+        return Err(CmError::MissingUid {
+            pod: format!(
+                "{}/{}",
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+                pod.metadata.name.as_deref().unwrap_or_default()
+            ),
+        });
+    }
+    validate_uid(uid)?;
+    Ok(PodUid::new(uid))
+}
+
+/// UIDs become directory names: only characters that cannot leave or confuse the cgroup tree.
+fn validate_uid(uid: &str) -> Result<(), CmError> {
+    let ok = !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(CmError::InvalidUid {
+            uid: uid.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+mod tests;

@@ -1,0 +1,312 @@
+use std::process::{Child, Command};
+
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+
+const UID: &str = "0d3f4c2a-1b2c-4d5e-8f90-123456789abc";
+
+fn manager(root: &str, driver: CgroupDriver, cgroups_per_qos: bool) -> PodContainerManager {
+    PodContainerManager {
+        root: CgroupName::parse(root, driver),
+        driver,
+        cgroups_per_qos,
+        hierarchies: Hierarchies {
+            v2: false,
+            roots: Vec::new(),
+            unified: None,
+        },
+    }
+}
+
+fn pod(uid: &str, guaranteed: bool) -> Pod {
+    let limits = guaranteed.then(|| {
+        [("cpu", "100m"), ("memory", "32Mi")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), Quantity(v.to_owned())))
+            .collect()
+    });
+    Pod {
+        metadata: ObjectMeta {
+            name: Some("web".to_owned()),
+            namespace: Some("default".to_owned()),
+            uid: (!uid.is_empty()).then(|| uid.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "c".to_owned(),
+                resources: Some(ResourceRequirements {
+                    limits,
+                    ..ResourceRequirements::default()
+                }),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+#[test]
+fn cgroupfs_pod_cgroup_names() {
+    let m = manager("/", CgroupDriver::Cgroupfs, true);
+    let uid = PodUid::new(UID);
+    assert_eq!(
+        m.cgroup_parent_for(&uid, QosClass::BestEffort),
+        format!("/kubepods/besteffort/pod{UID}")
+    );
+    assert_eq!(
+        m.cgroup_parent_for(&uid, QosClass::Burstable),
+        format!("/kubepods/burstable/pod{UID}")
+    );
+    assert_eq!(
+        m.cgroup_parent_for(&uid, QosClass::Guaranteed),
+        format!("/kubepods/pod{UID}")
+    );
+    let nested = manager("/ringlet/nodes", CgroupDriver::Cgroupfs, true);
+    assert_eq!(
+        nested
+            .cgroup_parent_for_runtime(&pod(UID, true))
+            .expect("uid"),
+        format!("/ringlet/nodes/kubepods/pod{UID}")
+    );
+}
+
+#[test]
+fn systemd_pod_cgroup_names() {
+    let m = manager("/", CgroupDriver::Systemd, true);
+    let escaped = UID.replace('-', "_");
+    assert_eq!(
+        m.cgroup_parent_for_runtime(&pod(UID, false)).expect("uid"),
+        format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{escaped}.slice")
+    );
+    assert_eq!(
+        m.cgroup_parent_for_runtime(&pod(UID, true)).expect("uid"),
+        format!("/kubepods.slice/kubepods-pod{escaped}.slice")
+    );
+}
+
+#[test]
+fn without_cgroups_per_qos_pods_share_the_root() {
+    let m = manager("/ringlet", CgroupDriver::Cgroupfs, false);
+    assert_eq!(
+        m.cgroup_parent_for_runtime(&pod(UID, false)).expect("uid"),
+        "/ringlet"
+    );
+    assert!(m.exists(&PodUid::new(UID), QosClass::BestEffort));
+    m.ensure_exists(&pod(UID, false)).expect("no-op");
+    m.destroy(&PodUid::new(UID), QosClass::BestEffort)
+        .expect("no-op");
+    assert!(m.list_pod_cgroups().expect("no-op").is_empty());
+}
+
+#[test]
+fn unusable_uids_are_rejected() {
+    let m = manager("/", CgroupDriver::Cgroupfs, true);
+    assert!(matches!(
+        m.cgroup_parent_for_runtime(&pod("", false)),
+        Err(CmError::MissingUid { pod }) if pod == "default/web"
+    ));
+    for bad in ["../../etc", "a/b", "a b", "a_b"] {
+        assert!(
+            matches!(
+                m.ensure_exists(&pod(bad, false)),
+                Err(CmError::InvalidUid { .. })
+            ),
+            "{bad:?} accepted"
+        );
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Removes the test's cgroup tree from every hierarchy and kills the helper process, even when an
+/// assertion fails half-way.
+struct Cleanup {
+    relative_root: String,
+    roots: Vec<PathBuf>,
+    child: Option<Child>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for root in &self.roots {
+            remove_tree(&root.join(&self.relative_root));
+        }
+    }
+}
+
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Needs root: creates real cgroups under a unique root, `/ringlet-test-<pid>`. One scenario on one
+/// real cgroup tree, so it is long.
+#[test]
+#[allow(clippy::too_many_lines)]
+fn creates_lists_and_destroys_real_pod_cgroups() {
+    if !is_root() {
+        let reason = "creating cgroups needs root";
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "SKIP is a failure in CI: {reason}"
+        );
+        eprintln!("SKIP creates_lists_and_destroys_real_pod_cgroups: {reason}");
+        return;
+    }
+    let test_root = format!("ringlet-test-{}", std::process::id());
+    let m = PodContainerManager::new(&format!("/{test_root}"), CgroupDriver::Cgroupfs, true)
+        .expect("cgroup hierarchies");
+    let mut cleanup = Cleanup {
+        relative_root: test_root.clone(),
+        roots: m.hierarchies.roots.clone(),
+        child: None,
+    };
+
+    let best_effort = pod(UID, false);
+    let guaranteed_uid = "11111111-2222-3333-4444-555555555555";
+    let guaranteed = pod(guaranteed_uid, true);
+    m.ensure_exists(&best_effort)
+        .expect("create best-effort pod cgroup");
+    m.ensure_exists(&guaranteed)
+        .expect("create guaranteed pod cgroup");
+    m.ensure_exists(&best_effort)
+        .expect("creating again is a no-op");
+
+    let best_effort_dir = format!("{test_root}/kubepods/besteffort/pod{UID}");
+    let guaranteed_dir = format!("{test_root}/kubepods/pod{guaranteed_uid}");
+    // The hierarchies to look at: cpu and memory (and the hybrid cgroup2 tree) on v1, the one tree on v2.
+    let (controllers, memory_hierarchy) = if m.hierarchies.v2 {
+        let unified = PathBuf::from(UNIFIED_MOUNTPOINT);
+        (vec![unified.clone()], unified)
+    } else {
+        let v1 = hierarchies::V1::new();
+        let mount = |c| v1.get_mount_point(c).expect("cpu and memory are mounted").0;
+        let memory = mount(cgroups_rs::fs::Controllers::Mem);
+        let mut controllers = vec![mount(cgroups_rs::fs::Controllers::Cpu), memory.clone()];
+        let hybrid = Path::new("/sys/fs/cgroup/unified");
+        if hybrid.join("cgroup.procs").exists() {
+            assert_eq!(
+                m.hierarchies.unified.as_deref(),
+                Some(hybrid),
+                "hybrid tree not found"
+            );
+        }
+        controllers.extend(m.hierarchies.unified.clone());
+        (controllers, memory)
+    };
+    for hierarchy in &controllers {
+        for dir in [&best_effort_dir, &guaranteed_dir] {
+            assert!(
+                hierarchy.join(dir).is_dir(),
+                "{} missing",
+                hierarchy.join(dir).display()
+            );
+        }
+    }
+    let uid = PodUid::new(UID);
+    assert!(m.exists(&uid, QosClass::BestEffort));
+    assert!(!m.exists(&uid, QosClass::Burstable));
+    assert_eq!(
+        m.cgroup_parent_for_runtime(&best_effort).expect("uid"),
+        format!("/{best_effort_dir}")
+    );
+
+    let listed = m.list_pod_cgroups().expect("list");
+    assert_eq!(
+        listed,
+        vec![
+            PodCgroup {
+                uid: PodUid::new(guaranteed_uid),
+                qos: QosClass::Guaranteed,
+                path: format!("/{guaranteed_dir}"),
+            },
+            PodCgroup {
+                uid: uid.clone(),
+                qos: QosClass::BestEffort,
+                path: format!("/{best_effort_dir}"),
+            },
+        ]
+    );
+
+    // A leftover container cgroup with a live process blocks removal and is named.
+    let container_dir = format!("{best_effort_dir}/leftover");
+    for root in &m.hierarchies.roots {
+        std::fs::create_dir_all(root.join(&container_dir)).expect("container cgroup");
+    }
+    let child = Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .expect("spawn sleep");
+    let pid = child.id();
+    cleanup.child = Some(child);
+    std::fs::write(
+        memory_hierarchy.join(&container_dir).join("cgroup.procs"),
+        pid.to_string(),
+    )
+    .expect("move process into the container cgroup");
+    match m.destroy(&uid, QosClass::BestEffort) {
+        Err(CmError::HasProcesses { path, pids }) => {
+            assert_eq!(path, format!("/{container_dir}"));
+            assert_eq!(pids, vec![u64::from(pid)]);
+        }
+        other => panic!("expected HasProcesses, got {other:?}"),
+    }
+    assert!(
+        m.exists(&uid, QosClass::BestEffort),
+        "nothing removed on error"
+    );
+    if let Some(mut child) = cleanup.child.take() {
+        child.kill().expect("kill sleep");
+        child.wait().expect("reap sleep");
+    }
+
+    m.destroy(&uid, QosClass::BestEffort)
+        .expect("destroy best-effort");
+    m.destroy(&PodUid::new(guaranteed_uid), QosClass::Guaranteed)
+        .expect("destroy guaranteed");
+    for hierarchy in &controllers {
+        for dir in [&best_effort_dir, &guaranteed_dir] {
+            assert!(
+                !hierarchy.join(dir).exists(),
+                "{} left",
+                hierarchy.join(dir).display()
+            );
+        }
+        // QoS parents stay, as in the kubelet.
+        assert!(
+            hierarchy
+                .join(format!("{test_root}/kubepods/besteffort"))
+                .is_dir()
+        );
+    }
+    assert!(!m.exists(&uid, QosClass::BestEffort));
+    assert!(m.list_pod_cgroups().expect("list").is_empty());
+    m.destroy(&uid, QosClass::BestEffort)
+        .expect("destroying a missing cgroup is a no-op");
+    drop(cleanup);
+    for root in &m.hierarchies.roots {
+        assert!(
+            !root.join(&test_root).exists(),
+            "cleanup left {}",
+            root.display()
+        );
+    }
+}
