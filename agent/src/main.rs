@@ -24,6 +24,7 @@ const RELIST_PERIOD: Duration = Duration::from_secs(1);
 fn main() -> ExitCode {
     let (config, warnings) = match config::load(std::env::args_os()) {
         Ok(loaded) => loaded,
+        Err(config::ConfigError::Flags(err)) => err.exit(),
         Err(err) => {
             eprintln!("ringlet: {err}");
             return ExitCode::from(2);
@@ -76,10 +77,8 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         )
     })?;
     let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
-    let pod_cgroups = Arc::new(PodContainerManager::new(
-        kc.cgroup_root.clone(),
-        kc.cgroup_driver,
-    ));
+    let pod_cgroups =
+        Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
     let helper = Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
@@ -94,7 +93,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             manifest_path: kc.static_pod_path.clone(),
             file_check_frequency: kc.file_check_frequency,
             manifest_url: kc.static_pod_url.clone(),
-            manifest_url_headers: kc.static_pod_url_header.clone(),
+            manifest_url_headers: kc.static_pod_url_header.clone().into_iter().collect(),
             http_check_frequency: kc.http_check_frequency,
         },
         recorder.clone(),
@@ -104,8 +103,10 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             node_name: config.node_name.clone(),
             root_dir: config.root_dir.clone(),
             sync_frequency: kc.sync_frequency,
-            max_pods: kc.max_pods,
-            max_dead_containers_per_container: config.max_dead_containers_per_container,
+            max_pods: usize::try_from(kc.max_pods).unwrap_or(usize::MAX),
+            max_dead_containers_per_container: config
+                .max_dead_containers_per_container
+                .unwrap_or(usize::MAX),
             relist_period: RELIST_PERIOD,
         },
         runtime,
@@ -149,8 +150,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         }
     };
     let mut servers = Vec::new();
-    if kc.healthz_port != 0 {
-        let addr = (kc.healthz_bind_address, kc.healthz_port).into();
+    if let Some(addr) = kc.healthz_addr() {
         let listener = server::bind(addr).await?;
         tracing::info!(%addr, "serving healthz");
         servers.push(tokio::spawn(server::serve_healthz(
@@ -159,8 +159,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             shutdown(),
         )));
     }
-    if kc.read_only_port != 0 {
-        let addr = (kc.address, kc.read_only_port).into();
+    if let Some(addr) = kc.read_only_addr() {
         let listener = server::bind(addr).await?;
         tracing::info!(%addr, "serving the read-only API");
         servers.push(tokio::spawn(server::serve_read_only(

@@ -135,7 +135,11 @@ fn dechunk(mut body: &str) -> Result<String> {
 
 /// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout` with `what`.
 /// The timeout is an upper bound on a real process's progress, not a synchronisation device.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Result<T> {
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check() {
@@ -327,10 +331,14 @@ impl Drop for Agent {
             }
         }
         let node = self.node.clone();
-        let _ = wait_for("the test's pods to be removed", Duration::from_secs(60), || {
-            let left = containers_of_node(&node).ok()?;
-            left.is_empty().then_some(())
-        });
+        let _ = wait_for(
+            "the test's pods to be removed",
+            Duration::from_secs(60),
+            || {
+                let left = containers_of_node(&node).ok()?;
+                left.is_empty().then_some(())
+            },
+        );
         if let Some(mut child) = self.child.take() {
             if let Ok(pid) = i32::try_from(child.id()) {
                 // SAFETY: `pid` is our own child, not yet reaped, so it cannot name another process.

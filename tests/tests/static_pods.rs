@@ -69,12 +69,18 @@ spec:
     })?;
     assert_eq!(pod["metadata"]["namespace"], "default");
     assert_eq!(pod["spec"]["nodeName"], agent.node.as_str());
-    assert_eq!(pod["metadata"]["annotations"]["kubernetes.io/config.source"], "file");
+    assert_eq!(
+        pod["metadata"]["annotations"]["kubernetes.io/config.source"],
+        "file"
+    );
     assert_eq!(condition(&pod, "Ready"), "True");
     assert_eq!(condition(&pod, "Initialized"), "True");
     assert_eq!(pod["status"]["qosClass"], "BestEffort");
     let pod_ip = pod["status"]["podIP"].as_str().unwrap_or_default();
-    assert!(pod_ip.starts_with("10.88."), "pod IP {pod_ip:?} is not from the lab's CNI range");
+    assert!(
+        pod_ip.starts_with("10.88."),
+        "pod IP {pod_ip:?} is not from the lab's CNI range"
+    );
     assert!(container_id(&pod, "main").starts_with("containerd://"));
     let (code, body) = http_get(agent.healthz_port, "/healthz")?;
     assert_eq!((code, body.as_str()), (200, "ok"));
@@ -89,7 +95,10 @@ fn editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it() -> Result<()
     let agent = Agent::start("edit", AgentOptions::default())?;
     agent.write_manifest("app.yaml", &busybox_pod("app", "Always", "exec sleep 3600"))?;
     let first = agent.wait_pod("app", "running", START, |p| running(p, "main"))?;
-    let first_uid = first["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+    let first_uid = first["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let first_container = container_id(&first, "main");
 
     agent.write_manifest("app.yaml", &busybox_pod("app", "Always", "exec sleep 3601"))?;
@@ -97,7 +106,9 @@ fn editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it() -> Result<()
         p["metadata"]["uid"] != first_uid.as_str() && running(p, "main")
     })?;
     assert_ne!(container_id(&second, "main"), first_container);
-    let old_id = first_container.trim_start_matches("containerd://").to_owned();
+    let old_id = first_container
+        .trim_start_matches("containerd://")
+        .to_owned();
     wait_for("the old container to be removed", START, || {
         let left = containers_of_node(&agent.node).ok()?;
         (!left.contains(&old_id)).then_some(())
@@ -107,9 +118,16 @@ fn editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it() -> Result<()
     wait_for("the pod to leave /pods", START, || {
         agent.pod("app").is_none().then_some(())
     })?;
-    wait_for("every container and sandbox of the pod to be removed", START, || {
-        containers_of_node(&agent.node).ok()?.is_empty().then_some(())
-    })?;
+    wait_for(
+        "every container and sandbox of the pod to be removed",
+        START,
+        || {
+            containers_of_node(&agent.node)
+                .ok()?
+                .is_empty()
+                .then_some(())
+        },
+    )?;
     Ok(())
 }
 
@@ -230,7 +248,10 @@ fn a_restarted_agent_adopts_running_containers() -> Result<()> {
         return Ok(());
     }
     let mut agent = Agent::start("restart", AgentOptions::default())?;
-    agent.write_manifest("keep.yaml", &busybox_pod("keep", "Always", "exec sleep 3600"))?;
+    agent.write_manifest(
+        "keep.yaml",
+        &busybox_pod("keep", "Always", "exec sleep 3600"),
+    )?;
     let before = agent.wait_pod("keep", "running", START, |p| running(p, "main"))?;
     let containers_before = containers_of_node(&agent.node)?;
     agent.kill()?;
@@ -239,13 +260,19 @@ fn a_restarted_agent_adopts_running_containers() -> Result<()> {
         running(p, "main") && phase(p) == "Running"
     })?;
     assert_eq!(container_id(&after, "main"), container_id(&before, "main"));
-    assert_eq!(container_status(&after, "main").map(|c| c["restartCount"].clone()), Some(0.into()));
+    assert_eq!(
+        container_status(&after, "main").map(|c| c["restartCount"].clone()),
+        Some(0.into())
+    );
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
     let mut containers_after = containers_of_node(&agent.node)?;
     let mut containers_before = containers_before;
     containers_after.sort();
     containers_before.sort();
-    assert_eq!(containers_after, containers_before, "no container may be recreated");
+    assert_eq!(
+        containers_after, containers_before,
+        "no container may be recreated"
+    );
     Ok(())
 }
 
@@ -255,8 +282,14 @@ fn a_broken_manifest_does_not_affect_a_good_one() -> Result<()> {
         return Ok(());
     }
     let agent = Agent::start("broken", AgentOptions::default())?;
-    agent.write_manifest("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata: [not, a, map\n")?;
-    agent.write_manifest("good.yaml", &busybox_pod("good", "Always", "exec sleep 3600"))?;
+    agent.write_manifest(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: [not, a, map\n",
+    )?;
+    agent.write_manifest(
+        "good.yaml",
+        &busybox_pod("good", "Always", "exec sleep 3600"),
+    )?;
     agent.wait_pod("good", "running", START, |p| running(p, "main"))?;
     assert_eq!(agent.pods()?.len(), 1);
     let events = wait_for("an event naming the broken file", START, || {
@@ -336,7 +369,10 @@ fn the_manifest_url_source_runs_and_removes_pods() -> Result<()> {
         },
     )?;
     let pod = agent.wait_pod("remote", "running", START, |p| running(p, "main"))?;
-    assert_eq!(pod["metadata"]["annotations"]["kubernetes.io/config.source"], "http");
+    assert_eq!(
+        pod["metadata"]["annotations"]["kubernetes.io/config.source"],
+        "http"
+    );
     if let Ok(mut body) = server.body.lock() {
         body.clear();
     }

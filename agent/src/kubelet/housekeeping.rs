@@ -84,12 +84,12 @@ impl Housekeeping {
         let in_runtime: HashSet<&PodUid> = running.iter().map(|p| &p.uid).collect();
         match self.pod_cgroups.list_pod_cgroups() {
             Ok(cgroups) => {
-                for (uid, path) in cgroups {
-                    if keep.contains(&uid) || in_runtime.contains(&uid) {
+                for cgroup in cgroups {
+                    if keep.contains(&cgroup.uid) || in_runtime.contains(&cgroup.uid) {
                         continue;
                     }
-                    if let Err(err) = self.pod_cgroups.destroy_path(&path) {
-                        tracing::warn!(%uid, %err, "cannot remove orphaned pod cgroup");
+                    if let Err(err) = self.pod_cgroups.destroy(&cgroup.uid, cgroup.qos) {
+                        tracing::warn!(uid = %cgroup.uid, %err, "cannot remove orphaned pod cgroup");
                     }
                 }
             }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::cm::PodContainerManager;
+use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{
     ContainerState, PodStatus, PodUid, RunningContainer, RunningPod, RunningSandbox, Runtime,
     SandboxState,

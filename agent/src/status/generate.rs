@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::CONTAINER_ID_SCHEME;
-use super::qos::qos_class;
 use super::reason_cache::ReasonCache;
+use crate::cm::qos_class;
 use crate::container::{ContainerState, ContainerStatus, PodStatus, PodUid, SandboxState};
 
 const PENDING: &str = "Pending";
@@ -158,7 +158,7 @@ fn generate_at(
         start_time: previous
             .and_then(|p| p.start_time.clone())
             .or(Some(now_time)),
-        qos_class: Some(qos_class(spec).to_owned()),
+        qos_class: Some(qos_class(pod).as_str().to_owned()),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(app_statuses),
         observed_generation: generation,

@@ -5,7 +5,6 @@
 
 mod generate;
 mod manager;
-mod qos;
 mod reason_cache;
 
 pub use generate::generate_api_pod_status;
