@@ -192,7 +192,7 @@ fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, PodConfigError> {
             Ok(metadata) if metadata.is_file() => files.push(path),
             Ok(_) => tracing::debug!(path = %path.display(), "not a regular file, not a manifest"),
             Err(err) => {
-                tracing::debug!(path = %path.display(), %err, "manifest vanished while listing")
+                tracing::debug!(path = %path.display(), %err, "manifest vanished while listing");
             }
         }
     }
@@ -487,7 +487,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (source, _) = source(dir.path());
         let (tx, mut rx) = mpsc::channel(8);
-        tokio::spawn(source.run(Duration::from_secs(3600), tx));
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
         assert!(next_set(&mut rx).await.pods.is_empty());
 
         std::fs::write(dir.path().join("web.yaml"), manifest("web", "i")).unwrap();
@@ -511,7 +511,7 @@ mod tests {
         std::fs::write(dir.path().join("web.yaml"), manifest("web", "i")).unwrap();
         let (source, _) = source(dir.path());
         let (tx, mut rx) = mpsc::channel(8);
-        tokio::spawn(source.run(Duration::from_secs(3600), tx));
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
         let mut storage = PodStorage::default();
         let mut updates: Vec<PodUpdate> = Vec::new();
         updates.extend(storage.merge(PodSource::File, next_set(&mut rx).await.pods));

@@ -1,5 +1,5 @@
 //! The http source: polls `--manifest-url` every `--http-check-frequency` with the configured
-//! headers. The body is one Pod, a PodList, or several YAML documents. A failed fetch or a bad body
+//! headers. The body is one Pod, a `PodList`, or several YAML documents. A failed fetch or a bad body
 //! keeps the pods known so far; a successful empty answer removes them. Plain http only for now.
 //! Corresponds to the kubelet's `pkg/kubelet/config/http.go`.
 
@@ -416,7 +416,7 @@ mod tests {
         let (addr, _) = serve(&pod_list(&[pod_json("a", "uid-a", "")])).await;
         let (source, _) = source(addr, &HashMap::new());
         let (tx, mut rx) = mpsc::channel(1);
-        tokio::spawn(source.run(Duration::from_secs(3600), tx));
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
         let set = tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .unwrap()

@@ -4,6 +4,7 @@
 //! annotations) plus the API defaults the agent relies on, and the essential validation.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Toleration};
@@ -133,7 +134,12 @@ fn static_pod_uid(
         }
     }
     let digest = hasher.finalize();
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = digest[..16]
+        .iter()
+        .fold(String::with_capacity(32), |mut hex, byte| {
+            let _ = write!(hex, "{byte:02x}");
+            hex
+        });
     Ok(format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],

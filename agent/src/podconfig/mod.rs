@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -231,30 +231,57 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// Tells whether every configured source has delivered its first set of pods. Until then the agent
-/// must not treat a running pod as orphaned just because no source has mentioned it yet.
+/// Tells whether every configured source has delivered its first set of pods and the consumer has
+/// received the updates that came of it. Until then the agent must not treat a running pod as
+/// orphaned just because it has not heard of it yet (the kubelet's `SourcesReady`).
 #[derive(Clone, Debug)]
 pub struct SourcesReady {
+    inner: Arc<ReadyInner>,
+}
+
+#[derive(Debug)]
+struct ReadyInner {
     expected: u8,
-    seen: Arc<AtomicU8>,
+    /// Sources whose first update the merger has put into the channel.
+    seen: AtomicU8,
+    /// Once ready, always ready, even while later updates wait in the channel.
+    latched: AtomicBool,
+    /// Only used to see whether the consumer has drained the channel.
+    updates: mpsc::Sender<PodUpdate>,
 }
 
 impl SourcesReady {
-    fn new(expected: &[PodSource]) -> Self {
+    fn new(expected: &[PodSource], updates: mpsc::Sender<PodUpdate>) -> Self {
         Self {
-            expected: expected.iter().fold(0, |mask, source| mask | source.bit()),
-            seen: Arc::new(AtomicU8::new(0)),
+            inner: Arc::new(ReadyInner {
+                expected: expected.iter().fold(0, |mask, source| mask | source.bit()),
+                seen: AtomicU8::new(0),
+                latched: AtomicBool::new(false),
+                updates,
+            }),
         }
     }
 
+    /// Called by the merger right after it sent a source's update, with no await in between, so on
+    /// the agent's single-threaded runtime the consumer cannot receive it before this runs.
     fn mark_seen(&self, source: PodSource) {
-        self.seen.fetch_or(source.bit(), Ordering::SeqCst);
+        self.inner.seen.fetch_or(source.bit(), Ordering::SeqCst);
     }
 
-    /// True once every configured source has delivered at least once (and the merger has handed
-    /// that first update to the channel).
+    /// True once every configured source has delivered at least once and the consumer has received
+    /// every update sent so far (so a housekeeping pass gated on this knows all first sets).
     pub fn all_ready(&self) -> bool {
-        self.seen.load(Ordering::SeqCst) & self.expected == self.expected
+        let inner = &self.inner;
+        if inner.latched.load(Ordering::SeqCst) {
+            return true;
+        }
+        let all_seen = inner.seen.load(Ordering::SeqCst) & inner.expected == inner.expected;
+        let drained = inner.updates.capacity() == inner.updates.max_capacity();
+        let ready = all_seen && drained;
+        if ready {
+            inner.latched.store(true, Ordering::SeqCst);
+        }
+        ready
     }
 }
 
@@ -267,6 +294,10 @@ struct SourceSet {
 
 /// Starts the configured sources and the merger as tokio tasks (call it inside the agent's runtime).
 /// The receiver yields the merged updates; it ends only if the runtime shuts down.
+#[allow(
+    clippy::needless_pass_by_value,
+    reason = "the agent hands over its recorder handle; every source keeps a clone of it"
+)]
 pub fn start(
     options: PodConfigOptions,
     recorder: Recorder,
@@ -304,7 +335,7 @@ pub fn start(
         }
     }
 
-    let ready = SourcesReady::new(&expected);
+    let ready = SourcesReady::new(&expected, update_tx.clone());
     tokio::spawn(merge_loop(set_rx, set_tx, update_tx, ready.clone()));
     (update_rx, ready)
 }
@@ -366,15 +397,39 @@ mod tests {
         assert_eq!(PodSource::ApiServer.to_string(), "api");
     }
 
-    #[test]
-    fn sources_ready_needs_every_configured_source() {
-        let ready = SourcesReady::new(&[PodSource::File, PodSource::Http]);
+    fn update(source: PodSource) -> PodUpdate {
+        PodUpdate {
+            op: PodOperation::Add,
+            pods: Vec::new(),
+            source,
+        }
+    }
+
+    #[tokio::test]
+    async fn sources_ready_needs_every_configured_source_and_a_drained_channel() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let ready = SourcesReady::new(&[PodSource::File, PodSource::Http], tx.clone());
         assert!(!ready.all_ready());
+
+        tx.send(update(PodSource::File)).await.unwrap();
         ready.mark_seen(PodSource::File);
-        assert!(!ready.clone().all_ready());
+        rx.recv().await.unwrap();
+        assert!(!ready.clone().all_ready(), "http has not delivered yet");
+
+        tx.send(update(PodSource::Http)).await.unwrap();
         ready.mark_seen(PodSource::Http);
+        assert!(
+            !ready.all_ready(),
+            "the consumer has not received http's update yet"
+        );
+        rx.recv().await.unwrap();
         assert!(ready.all_ready());
-        assert!(SourcesReady::new(&[]).all_ready());
+
+        tx.send(update(PodSource::Http)).await.unwrap();
+        assert!(ready.all_ready(), "readiness is not lost by later updates");
+
+        let (tx, _rx) = mpsc::channel(1);
+        assert!(SourcesReady::new(&[], tx).all_ready());
     }
 
     #[test]
@@ -395,6 +450,7 @@ mod tests {
         .unwrap();
         let recorder = Recorder::new(None);
         let (mut updates, ready) = start(options(dir.path()), recorder);
+        assert!(!ready.all_ready());
         let update = tokio::time::timeout(Duration::from_secs(10), updates.recv())
             .await
             .unwrap()
@@ -404,8 +460,6 @@ mod tests {
         assert_eq!(update.pods.len(), 1);
         assert_eq!(update.pods[0].metadata.name.as_deref(), Some("web-node1"));
         assert!(is_static_pod(&update.pods[0]));
-        // Readiness is marked right after the first update is handed over; give the merger a turn.
-        tokio::task::yield_now().await;
         assert!(ready.all_ready());
     }
 

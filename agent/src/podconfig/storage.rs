@@ -214,15 +214,15 @@ mod tests {
                 (PodOperation::Update, vec!["a"]),
             ]
         );
-        let updated = &updates[2].pods[0];
+        let changed = &updates[2].pods[0];
         assert_eq!(
-            updated.spec.as_ref().unwrap().containers[0]
+            changed.spec.as_ref().unwrap().containers[0]
                 .image
                 .as_deref(),
             Some("i:2")
         );
         assert_eq!(
-            updated.metadata.annotations.as_ref().unwrap()[CONFIG_SEEN_ANNOTATION],
+            changed.metadata.annotations.as_ref().unwrap()[CONFIG_SEEN_ANNOTATION],
             seen,
             "config.seen stays the time the pod was first seen"
         );
