@@ -228,6 +228,10 @@ impl Watch {
             (self.path.clone(), None)
         } else {
             match self.path.parent() {
+                // A bare relative file name lives in the working directory.
+                Some(parent) if parent.as_os_str().is_empty() => {
+                    (PathBuf::from("."), Some(Path::new(".").join(&self.path)))
+                }
                 Some(parent) => (parent.to_path_buf(), Some(self.path.clone())),
                 None => return,
             }
@@ -503,6 +507,33 @@ mod tests {
         std::fs::remove_file(dir.path().join("web.yaml")).unwrap();
         // Events of the write may still be queued; the removal shows up after them.
         while !next_set(&mut rx).await.pods.is_empty() {}
+    }
+
+    #[tokio::test]
+    async fn a_single_watched_file_replaced_by_rename_is_picked_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, manifest("web", "i:1")).unwrap();
+        let (source, _) = source(&file);
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
+        let first = next_set(&mut rx).await;
+        let first_uid = first.pods[0].metadata.uid.clone();
+
+        // Editors write a temporary file and rename it over the manifest.
+        let temporary = dir.path().join(".web.yaml.swp");
+        std::fs::write(&temporary, manifest("web", "i:2")).unwrap();
+        std::fs::rename(&temporary, &file).unwrap();
+        loop {
+            let set = next_set(&mut rx).await;
+            if set.pods[0].metadata.uid != first_uid {
+                let image = set.pods[0].spec.as_ref().unwrap().containers[0]
+                    .image
+                    .clone();
+                assert_eq!(image.as_deref(), Some("i:2"));
+                break;
+            }
+        }
     }
 
     #[tokio::test]

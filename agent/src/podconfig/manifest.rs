@@ -28,30 +28,47 @@ pub(super) enum Origin<'a> {
 }
 
 /// Splits a manifest into documents: a stream of JSON values when it starts like JSON, YAML
-/// documents separated by `---` otherwise. Empty documents are skipped; indexes count from 1 and
-/// include them, so they match what a reader of the file counts.
+/// documents separated by `---` otherwise (and when JSON-looking text turns out to be YAML flow
+/// style). Empty documents are skipped; indexes count from 1 and include them, so they match what a
+/// reader of the file counts.
 pub(super) fn documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, PodConfigError> {
-    let mut out = Vec::new();
     if text.trim_start().starts_with(['{', '[']) {
-        let stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
-        for (i, value) in stream.enumerate() {
-            let value = value.map_err(|source| PodConfigError::ParseJson {
-                index: i + 1,
-                source,
-            })?;
-            out.push((i + 1, value));
+        let json = json_documents(text);
+        if json.is_ok() {
+            return json;
         }
-    } else {
-        for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let value = serde_json::Value::deserialize(document).map_err(|source| {
-                PodConfigError::ParseYaml {
+        // JSON's error is the precise one for text that starts like JSON.
+        return yaml_documents(text).or(json);
+    }
+    yaml_documents(text)
+}
+
+fn json_documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, PodConfigError> {
+    let stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
+    stream
+        .enumerate()
+        .map(|(i, value)| {
+            value
+                .map(|value| (i + 1, value))
+                .map_err(|source| PodConfigError::ParseJson {
                     index: i + 1,
                     source,
-                }
-            })?;
-            if !value.is_null() {
-                out.push((i + 1, value));
+                })
+        })
+        .collect()
+}
+
+fn yaml_documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, PodConfigError> {
+    let mut out = Vec::new();
+    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_json::Value::deserialize(document).map_err(|source| {
+            PodConfigError::ParseYaml {
+                index: i + 1,
+                source,
             }
+        })?;
+        if !value.is_null() {
+            out.push((i + 1, value));
         }
     }
     Ok(out)
@@ -533,6 +550,17 @@ mod tests {
             pods[1].as_ref().unwrap().metadata.name.as_deref(),
             Some("b")
         );
+    }
+
+    #[test]
+    fn yaml_flow_style_is_not_mistaken_for_broken_json() {
+        let pods = decode_all("{apiVersion: v1, kind: Pod, metadata: {name: a}}");
+        assert_eq!(
+            pods[0].as_ref().unwrap().metadata.name.as_deref(),
+            Some("a")
+        );
+        let err = documents("{\"apiVersion\": \"v1\",").unwrap_err();
+        assert!(matches!(err, PodConfigError::ParseJson { .. }), "{err}");
     }
 
     #[test]
