@@ -72,6 +72,14 @@ pub(super) struct HttpSource {
     node_name: String,
     client: Client<HttpConnector, Empty<Bytes>>,
     reporter: Reporter,
+    last_good: Option<LastGood>,
+}
+
+/// The last body that decoded, and what came of it.
+struct LastGood {
+    digest: [u8; 32],
+    pods: Vec<Pod>,
+    problems: Vec<Problem>,
 }
 
 impl HttpSource {
@@ -88,6 +96,7 @@ impl HttpSource {
             node_name,
             client: Client::builder(TokioExecutor::new()).build_http(),
             reporter: Reporter::new(recorder),
+            last_good: None,
         })
     }
 
@@ -119,7 +128,7 @@ impl HttpSource {
     pub(super) async fn poll(&mut self) -> Option<Vec<Pod>> {
         let mut problems = Vec::new();
         let pods = match self.fetch().await {
-            Ok(body) => self.decode(&body, &mut problems),
+            Ok(body) => self.decode_cached(&body, &mut problems),
             Err(err) => {
                 problems.push(Problem {
                     object: self.object(),
@@ -173,6 +182,28 @@ impl HttpSource {
                 url: self.url.clone(),
                 timeout: FETCH_TIMEOUT,
             })?
+    }
+
+    /// Decodes a body unless it is the same as the last good one: a big list polled every few
+    /// seconds is usually unchanged, and decoding it is the expensive part of a poll.
+    fn decode_cached(&mut self, body: &[u8], problems: &mut Vec<Problem>) -> Option<Vec<Pod>> {
+        let digest: [u8; 32] = Sha256::digest(body).into();
+        if let Some(last) = &self.last_good
+            && last.digest == digest
+        {
+            problems.extend(last.problems.iter().cloned());
+            return Some(last.pods.clone());
+        }
+        let mut fresh = Vec::new();
+        let decoded = self.decode(body, &mut fresh);
+        problems.extend(fresh.iter().cloned());
+        let pods = decoded?;
+        self.last_good = Some(LastGood {
+            digest,
+            pods: pods.clone(),
+            problems: fresh,
+        });
+        Some(pods)
     }
 
     /// A body that cannot be decoded as a whole keeps the previous set: half of a served list must not
@@ -409,6 +440,9 @@ mod tests {
         let pods = source.poll().await.unwrap();
         assert_eq!(pods.len(), 1);
         assert_eq!(recorder.recent()[0].reason, REASON_FAILED_VALIDATION);
+        // The unchanged body comes from the cache: same pods, no repeated event.
+        assert_eq!(source.poll().await.unwrap(), pods);
+        assert_eq!(recorder.recent().len(), 1);
     }
 
     #[tokio::test]

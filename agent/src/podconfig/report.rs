@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use crate::events::{EventType, Recorder};
 
 /// Something wrong with one manifest, found during one scan.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Problem {
     /// The object of the event, e.g. `file//etc/kubernetes/manifests/web.yaml`.
     pub object: String,
