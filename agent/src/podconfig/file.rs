@@ -254,21 +254,20 @@ impl Watch {
 
     /// (Re)creates the watcher when the watched directory appeared, vanished or was replaced.
     fn refresh(&mut self) {
-        let Ok(metadata) = std::fs::metadata(&self.path) else {
-            self.current = None;
-            return;
-        };
-        let (dir, only) = if metadata.is_dir() {
-            (self.path.clone(), None)
-        } else {
-            match self.path.parent() {
+        let (dir, only) = match std::fs::metadata(&self.path) {
+            Ok(metadata) if metadata.is_dir() => (self.path.clone(), None),
+            // A file, or nothing yet: watch the parent for changes to (or the creation of) the path.
+            _ => match self.path.parent() {
                 // A bare relative file name lives in the working directory.
                 Some(parent) if parent.as_os_str().is_empty() => {
                     (PathBuf::from("."), Some(Path::new(".").join(&self.path)))
                 }
                 Some(parent) => (parent.to_path_buf(), Some(self.path.clone())),
-                None => return,
-            }
+                None => {
+                    self.current = None;
+                    return;
+                }
+            },
         };
         let Ok(dir_metadata) = std::fs::metadata(&dir) else {
             self.current = None;
@@ -501,7 +500,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_directory_that_appears_later_is_picked_up_by_the_periodic_rescan() {
         let dir = tempfile::tempdir().unwrap();
-        let manifests = dir.path().join("manifests");
+        // Not even the parent exists, so nothing can be watched yet.
+        let manifests = dir.path().join("etc/manifests");
         let (source, _) = source(&manifests);
         let (tx, mut rx) = mpsc::channel(8);
         // Shorter than the 10 s wait in `next_set`, which also runs on the paused clock.
@@ -512,8 +512,7 @@ mod tests {
         assert!(first.pods.is_empty(), "a missing directory is an empty set");
         let start = tokio::time::Instant::now();
 
-        // No watch can exist on a directory that did not exist: only the rescan can see this.
-        std::fs::create_dir(&manifests).unwrap();
+        std::fs::create_dir_all(&manifests).unwrap();
         std::fs::write(manifests.join("web.yaml"), manifest("web", "i")).unwrap();
         let set = next_set(&mut rx).await;
         assert_eq!(names(&set.pods), ["web-node1"]);
@@ -541,6 +540,20 @@ mod tests {
         std::fs::remove_file(dir.path().join("web.yaml")).unwrap();
         // Events of the write may still be queued; the removal shows up after them.
         while !next_set(&mut rx).await.pods.is_empty() {}
+    }
+
+    #[tokio::test]
+    async fn inotify_sees_a_missing_directory_appear() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifests = dir.path().join("manifests");
+        let (source, _) = source(&manifests);
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
+        assert!(next_set(&mut rx).await.pods.is_empty());
+
+        std::fs::create_dir(&manifests).unwrap();
+        std::fs::write(manifests.join("web.yaml"), manifest("web", "i")).unwrap();
+        while next_set(&mut rx).await.pods.is_empty() {}
     }
 
     #[tokio::test]
