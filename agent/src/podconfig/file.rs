@@ -1,0 +1,603 @@
+//! The file source: static pod manifests in `--pod-manifest-path` (a directory, or one file). The
+//! directory is watched with inotify (through `notify`) so a change is picked up at once, and rescanned
+//! every `--file-check-frequency` as the safety net and to notice a directory that appears later.
+//! Corresponds to the kubelet's `pkg/kubelet/config/file.go` (+ `file_linux.go`).
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
+
+use super::manifest::{Origin, decode_pod, documents, drop_duplicates, normalize};
+use super::report::{Problem, Reporter};
+use super::{
+    PodConfigError, PodSource, REASON_FAILED_TO_PARSE_MANIFEST, REASON_FAILED_VALIDATION,
+    SourceSet, error_chain,
+};
+use crate::events::Recorder;
+
+/// Editors and `cp` write a file in several steps; waiting this long after the first event lets one
+/// rescan see the finished file instead of every intermediate state.
+const DEBOUNCE: Duration = Duration::from_millis(20);
+
+pub(super) struct FileSource {
+    path: PathBuf,
+    node_name: String,
+    reporter: Reporter,
+    /// Whether the missing path was already logged, so it is said once, not on every rescan.
+    missing_logged: bool,
+    /// The files of the previous scan.
+    cache: HashMap<PathBuf, ParsedFile>,
+}
+
+impl FileSource {
+    pub(super) fn new(path: PathBuf, node_name: String, recorder: Recorder) -> Self {
+        Self {
+            path,
+            node_name,
+            reporter: Reporter::new(recorder),
+            missing_logged: false,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// Scans on every tick and shortly after every relevant inotify event; sends each scan's set.
+    pub(super) async fn run(mut self, period: Duration, sets: mpsc::Sender<SourceSet>) {
+        // Capacity 1 and `try_send` make the channel a "something changed" flag: a burst of events
+        // costs one rescan, and the watcher thread never blocks.
+        let (wake_tx, mut wake_rx) = mpsc::channel(1);
+        let mut watch = Watch::new(self.path.clone(), wake_tx);
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                Some(()) = wake_rx.recv() => {
+                    tokio::time::sleep(DEBOUNCE).await;
+                    while wake_rx.try_recv().is_ok() {}
+                }
+            }
+            // Watch before scanning, so a change made during the scan still wakes us.
+            watch.refresh();
+            let Some(pods) = self.scan() else { continue };
+            let set = SourceSet {
+                source: PodSource::File,
+                pods,
+            };
+            if sets.send(set).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The pods the manifests describe now, or `None` when the path cannot be read at all (then the
+    /// previous set stays). A missing path is an empty set, so the source still becomes ready.
+    pub(super) fn scan(&mut self) -> Option<Vec<Pod>> {
+        let metadata = match std::fs::metadata(&self.path) {
+            Ok(metadata) => metadata,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                if !self.missing_logged {
+                    tracing::warn!(path = %self.path.display(), "pod manifest path does not exist; rescanning periodically");
+                    self.missing_logged = true;
+                }
+                self.reporter.finish_scan(Vec::new());
+                return Some(Vec::new());
+            }
+            Err(source) => {
+                let err = PodConfigError::ReadManifest {
+                    path: self.path.clone(),
+                    source,
+                };
+                self.reporter
+                    .finish_scan(vec![file_problem(&self.path, &err, "")]);
+                return None;
+            }
+        };
+        self.missing_logged = false;
+
+        let files = if metadata.is_dir() {
+            match manifest_files(&self.path) {
+                Ok(files) => files,
+                Err(err) => {
+                    self.reporter
+                        .finish_scan(vec![file_problem(&self.path, &err, "")]);
+                    return None;
+                }
+            }
+        } else {
+            vec![self.path.clone()]
+        };
+
+        let mut previous = std::mem::take(&mut self.cache);
+        let mut problems = Vec::new();
+        let mut pods = Vec::new();
+        for file in files {
+            let parsed = self.read_file(&file, &mut previous);
+            pods.extend(parsed.pods.iter().map(|pod| (object(&file), pod.clone())));
+            problems.extend(parsed.problems.iter().cloned());
+            self.cache.insert(file, parsed);
+        }
+        let pods = drop_duplicates(pods, &mut problems);
+        self.reporter.finish_scan(problems);
+        Some(pods)
+    }
+
+    /// Reads one manifest; content seen in the previous scan is not decoded again, which keeps a
+    /// rescan of thousands of manifests cheap on the agent's single-threaded core.
+    fn read_file(&self, file: &Path, cache: &mut HashMap<PathBuf, ParsedFile>) -> ParsedFile {
+        let bytes = match std::fs::read(file) {
+            Ok(bytes) => bytes,
+            // Deleted between listing and reading: it is simply gone.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return ParsedFile::default(),
+            Err(source) => {
+                let err = PodConfigError::ReadManifest {
+                    path: file.to_path_buf(),
+                    source,
+                };
+                return ParsedFile {
+                    problems: vec![file_problem(file, &err, "")],
+                    ..ParsedFile::default()
+                };
+            }
+        };
+        let digest = format!("{:x}", Sha256::digest(&bytes));
+        if let Some(parsed) = cache.remove(file)
+            && parsed.digest == digest
+        {
+            return parsed;
+        }
+        let mut parsed = ParsedFile {
+            digest,
+            ..ParsedFile::default()
+        };
+        let decoded = std::str::from_utf8(&bytes)
+            .map_err(PodConfigError::NotUtf8)
+            .and_then(documents);
+        let values = match decoded {
+            Ok(values) => values,
+            Err(err) => {
+                parsed
+                    .problems
+                    .push(file_problem(file, &err, &parsed.digest));
+                return parsed;
+            }
+        };
+        for (index, value) in values {
+            let pod = decode_pod(index, value);
+            match pod.and_then(|pod| normalize(pod, Origin::File(file), &self.node_name)) {
+                Ok(pod) => parsed.pods.push(pod),
+                Err(err) => parsed
+                    .problems
+                    .push(file_problem(file, &err, &parsed.digest)),
+            }
+        }
+        parsed
+    }
+}
+
+/// What one manifest file held the last time it was read.
+#[derive(Clone, Debug, Default)]
+struct ParsedFile {
+    digest: String,
+    pods: Vec<Pod>,
+    problems: Vec<Problem>,
+}
+
+fn object(file: &Path) -> String {
+    format!("file/{}", file.display())
+}
+
+fn file_problem(file: &Path, err: &PodConfigError, digest: &str) -> Problem {
+    let reason = match err {
+        PodConfigError::InvalidPod { .. } => REASON_FAILED_VALIDATION,
+        _ => REASON_FAILED_TO_PARSE_MANIFEST,
+    };
+    Problem {
+        object: object(file),
+        reason,
+        message: format!("{}: {}", file.display(), error_chain(err)),
+        identity: digest.to_owned(),
+    }
+}
+
+/// The regular files of a manifest directory, sorted by name; dotfiles (editor swap files, atomic
+/// write temporaries) and subdirectories are not manifests.
+fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, PodConfigError> {
+    let list_error = |source| PodConfigError::ListManifests {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(list_error)? {
+        let entry = entry.map_err(list_error)?;
+        if entry.file_name().as_encoded_bytes().starts_with(b".") {
+            continue;
+        }
+        let path = entry.path();
+        // Follows symlinks, so a link to a manifest counts like the manifest.
+        match std::fs::metadata(&path) {
+            Ok(metadata) if metadata.is_file() => files.push(path),
+            Ok(_) => tracing::debug!(path = %path.display(), "not a regular file, not a manifest"),
+            Err(err) => {
+                tracing::debug!(path = %path.display(), %err, "manifest vanished while listing");
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The inotify watch on the manifest directory (or on a manifest file's parent directory, because
+/// editors replace files by renaming, which a watch on the file itself would not follow).
+struct Watch {
+    path: PathBuf,
+    wake: mpsc::Sender<()>,
+    /// The watcher and the identity (device, inode) of the directory it watches.
+    current: Option<(RecommendedWatcher, (u64, u64))>,
+}
+
+impl Watch {
+    fn new(path: PathBuf, wake: mpsc::Sender<()>) -> Self {
+        Self {
+            path,
+            wake,
+            current: None,
+        }
+    }
+
+    /// (Re)creates the watcher when the watched directory appeared, vanished or was replaced.
+    fn refresh(&mut self) {
+        let (dir, only) = match std::fs::metadata(&self.path) {
+            Ok(metadata) if metadata.is_dir() => (self.path.clone(), None),
+            // A file, or nothing yet: watch the parent for changes to (or the creation of) the path.
+            _ => match self.path.parent() {
+                // A bare relative file name lives in the working directory.
+                Some(parent) if parent.as_os_str().is_empty() => {
+                    (PathBuf::from("."), Some(Path::new(".").join(&self.path)))
+                }
+                Some(parent) => (parent.to_path_buf(), Some(self.path.clone())),
+                None => {
+                    self.current = None;
+                    return;
+                }
+            },
+        };
+        let Ok(dir_metadata) = std::fs::metadata(&dir) else {
+            self.current = None;
+            return;
+        };
+        let identity = (dir_metadata.dev(), dir_metadata.ino());
+        if self.current.as_ref().is_some_and(|(_, id)| *id == identity) {
+            return;
+        }
+        self.current = None;
+        let wake = self.wake.clone();
+        let handler = move |event: notify::Result<notify::Event>| {
+            let relevant = match &event {
+                // Its own reads during a rescan must not trigger another rescan.
+                Ok(event) => {
+                    !matches!(
+                        event.kind,
+                        EventKind::Access(
+                            AccessKind::Open(_)
+                                | AccessKind::Read
+                                | AccessKind::Close(AccessMode::Read)
+                        )
+                    ) && only
+                        .as_ref()
+                        .is_none_or(|file| event.paths.iter().any(|p| p == file))
+                }
+                // An error (e.g. queue overflow) means events may be lost: rescan.
+                Err(_) => true,
+            };
+            if relevant {
+                // Full means a rescan is already pending; that one will see this change too.
+                let _ = wake.try_send(());
+            }
+        };
+        let watcher = notify::recommended_watcher(handler).and_then(|mut watcher| {
+            watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+            Ok(watcher)
+        });
+        match watcher {
+            Ok(watcher) => self.current = Some((watcher, identity)),
+            Err(err) => tracing::warn!(
+                path = %dir.display(),
+                err = %error_chain(&err),
+                "cannot watch the pod manifest directory; relying on the periodic rescan"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::podconfig::storage::PodStorage;
+    use crate::podconfig::{PodOperation, PodUpdate};
+
+    fn manifest(name: &str, image: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: c\n    image: {image}\n"
+        )
+    }
+
+    fn names(pods: &[Pod]) -> Vec<&str> {
+        pods.iter()
+            .map(|p| p.metadata.name.as_deref().unwrap_or_default())
+            .collect()
+    }
+
+    fn source(path: &Path) -> (FileSource, Recorder) {
+        let recorder = Recorder::new(None);
+        let source = FileSource::new(path.to_path_buf(), "node1".to_owned(), recorder.clone());
+        (source, recorder)
+    }
+
+    #[test]
+    fn scans_yaml_and_json_files_and_skips_dotfiles_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let two_docs = format!("{}---\n{}", manifest("a", "i"), manifest("b", "i"));
+        std::fs::write(dir.path().join("ab.yaml"), two_docs).unwrap();
+        std::fs::write(
+            dir.path().join("c.json"),
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"c"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join(".swap.yaml"), manifest("hidden", "i")).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/d.yaml"), manifest("d", "i")).unwrap();
+        let (mut source, recorder) = source(dir.path());
+        let pods = source.scan().unwrap();
+        assert_eq!(names(&pods), ["a-node1", "b-node1", "c-node1"]);
+        assert!(recorder.recent().is_empty());
+    }
+
+    #[test]
+    fn a_single_manifest_file_can_be_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, manifest("web", "i")).unwrap();
+        let (mut source, _) = source(&file);
+        assert_eq!(names(&source.scan().unwrap()), ["web-node1"]);
+    }
+
+    #[test]
+    fn a_broken_file_is_reported_once_and_the_good_one_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("good.yaml"), manifest("good", "i")).unwrap();
+        let broken = dir.path().join("broken.yaml");
+        std::fs::write(&broken, "apiVersion: v1\nkind: Pod\nmetadata: [\n").unwrap();
+        let (mut source, recorder) = source(dir.path());
+
+        let mut storage = PodStorage::default();
+        let updates = storage.merge(PodSource::File, source.scan().unwrap());
+        assert_eq!(updates.len(), 1);
+        assert_eq!(updates[0].op, PodOperation::Add);
+        assert_eq!(names(&updates[0].pods), ["good-node1"]);
+
+        let events = recorder.recent();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].object, format!("file/{}", broken.display()));
+        assert_eq!(events[0].reason, REASON_FAILED_TO_PARSE_MANIFEST);
+        assert!(
+            events[0].message.contains("broken.yaml"),
+            "{}",
+            events[0].message
+        );
+
+        // Rescanning the same broken content does not repeat the event.
+        assert!(
+            storage
+                .merge(PodSource::File, source.scan().unwrap())
+                .is_empty()
+        );
+        assert_eq!(recorder.recent().len(), 1);
+
+        // Editing it into another broken state is a new problem.
+        std::fs::write(
+            &broken,
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: s\n",
+        )
+        .unwrap();
+        source.scan().unwrap();
+        let events = recorder.recent();
+        assert_eq!(events.len(), 2);
+        assert!(
+            events[1].message.contains("Service"),
+            "{}",
+            events[1].message
+        );
+    }
+
+    #[test]
+    fn an_invalid_pod_is_a_validation_event() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("bad.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bad\nspec:\n  containers: []\n",
+        )
+        .unwrap();
+        let (mut source, recorder) = source(dir.path());
+        assert!(source.scan().unwrap().is_empty());
+        let events = recorder.recent();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, REASON_FAILED_VALIDATION);
+        assert!(events[0].message.contains("at least one container"));
+    }
+
+    #[test]
+    fn editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, manifest("web", "nginx:1")).unwrap();
+        let (mut source, _) = source(dir.path());
+        let mut storage = PodStorage::default();
+        let added = storage.merge(PodSource::File, source.scan().unwrap());
+        let first_uid = added[0].pods[0].metadata.uid.clone();
+
+        // Unchanged content keeps the UID: nothing to do.
+        assert!(
+            storage
+                .merge(PodSource::File, source.scan().unwrap())
+                .is_empty()
+        );
+
+        std::fs::write(&file, manifest("web", "nginx:2")).unwrap();
+        let updates = storage.merge(PodSource::File, source.scan().unwrap());
+        let ops: Vec<PodOperation> = updates.iter().map(|u| u.op).collect();
+        assert_eq!(ops, [PodOperation::Remove, PodOperation::Add]);
+        assert_eq!(updates[0].pods[0].metadata.uid, first_uid);
+        assert_ne!(updates[1].pods[0].metadata.uid, first_uid);
+
+        std::fs::remove_file(&file).unwrap();
+        let updates = storage.merge(PodSource::File, source.scan().unwrap());
+        assert_eq!(updates.len(), 1);
+        assert_eq!(updates[0].op, PodOperation::Remove);
+        assert_eq!(names(&updates[0].pods), ["web-node1"]);
+    }
+
+    #[test]
+    fn a_missing_directory_is_an_empty_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut source, recorder) = source(&dir.path().join("nope"));
+        assert_eq!(source.scan(), Some(Vec::new()));
+        assert!(recorder.recent().is_empty());
+    }
+
+    #[test]
+    fn a_duplicate_pod_name_across_files_keeps_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), manifest("web", "i:1")).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), manifest("web", "i:2")).unwrap();
+        let (mut source, recorder) = source(dir.path());
+        let pods = source.scan().unwrap();
+        assert_eq!(pods.len(), 1);
+        assert_eq!(
+            pods[0].spec.as_ref().unwrap().containers[0]
+                .image
+                .as_deref(),
+            Some("i:1")
+        );
+        assert_eq!(recorder.recent().len(), 1);
+        assert!(recorder.recent()[0].object.ends_with("b.yaml"));
+    }
+
+    async fn next_set(rx: &mut mpsc::Receiver<SourceSet>) -> SourceSet {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a set within the timeout")
+            .expect("the source is running")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_directory_that_appears_later_is_picked_up_by_the_periodic_rescan() {
+        let dir = tempfile::tempdir().unwrap();
+        // Not even the parent exists, so nothing can be watched yet.
+        let manifests = dir.path().join("etc/manifests");
+        let (source, _) = source(&manifests);
+        let (tx, mut rx) = mpsc::channel(8);
+        // Shorter than the 10 s wait in `next_set`, which also runs on the paused clock.
+        let period = Duration::from_secs(5);
+        tokio::spawn(source.run(period, tx));
+
+        let first = next_set(&mut rx).await;
+        assert!(first.pods.is_empty(), "a missing directory is an empty set");
+        let start = tokio::time::Instant::now();
+
+        std::fs::create_dir_all(&manifests).unwrap();
+        std::fs::write(manifests.join("web.yaml"), manifest("web", "i")).unwrap();
+        let set = next_set(&mut rx).await;
+        assert_eq!(names(&set.pods), ["web-node1"]);
+        assert!(start.elapsed() >= period);
+    }
+
+    #[tokio::test]
+    async fn inotify_picks_up_a_new_file_without_waiting_for_the_rescan() {
+        let dir = tempfile::tempdir().unwrap();
+        let (source, _) = source(dir.path());
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
+        assert!(next_set(&mut rx).await.pods.is_empty());
+
+        std::fs::write(dir.path().join("web.yaml"), manifest("web", "i")).unwrap();
+        // A partially written file may be seen first; the next event brings the finished one.
+        loop {
+            let set = next_set(&mut rx).await;
+            if !set.pods.is_empty() {
+                assert_eq!(names(&set.pods), ["web-node1"]);
+                break;
+            }
+        }
+
+        std::fs::remove_file(dir.path().join("web.yaml")).unwrap();
+        // Events of the write may still be queued; the removal shows up after them.
+        while !next_set(&mut rx).await.pods.is_empty() {}
+    }
+
+    #[tokio::test]
+    async fn inotify_sees_a_missing_directory_appear() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifests = dir.path().join("manifests");
+        let (source, _) = source(&manifests);
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
+        assert!(next_set(&mut rx).await.pods.is_empty());
+
+        std::fs::create_dir(&manifests).unwrap();
+        std::fs::write(manifests.join("web.yaml"), manifest("web", "i")).unwrap();
+        while next_set(&mut rx).await.pods.is_empty() {}
+    }
+
+    #[tokio::test]
+    async fn a_single_watched_file_replaced_by_rename_is_picked_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, manifest("web", "i:1")).unwrap();
+        let (source, _) = source(&file);
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
+        let first = next_set(&mut rx).await;
+        let first_uid = first.pods[0].metadata.uid.clone();
+
+        // Editors write a temporary file and rename it over the manifest.
+        let temporary = dir.path().join(".web.yaml.swp");
+        std::fs::write(&temporary, manifest("web", "i:2")).unwrap();
+        std::fs::rename(&temporary, &file).unwrap();
+        loop {
+            let set = next_set(&mut rx).await;
+            if set.pods[0].metadata.uid != first_uid {
+                let image = set.pods[0].spec.as_ref().unwrap().containers[0]
+                    .image
+                    .clone();
+                assert_eq!(image.as_deref(), Some("i:2"));
+                break;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_merged_stream_removes_a_deleted_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("web.yaml"), manifest("web", "i")).unwrap();
+        let (source, _) = source(dir.path());
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
+        let mut storage = PodStorage::default();
+        let mut updates: Vec<PodUpdate> = Vec::new();
+        updates.extend(storage.merge(PodSource::File, next_set(&mut rx).await.pods));
+        std::fs::remove_file(dir.path().join("web.yaml")).unwrap();
+        while updates.len() < 2 {
+            updates.extend(storage.merge(PodSource::File, next_set(&mut rx).await.pods));
+        }
+        let ops: Vec<PodOperation> = updates.iter().map(|u| u.op).collect();
+        assert_eq!(ops, [PodOperation::Add, PodOperation::Remove]);
+    }
+}
