@@ -328,9 +328,9 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
 
     let static_pod_url = raw.static_pod_url.filter(|u| !u.is_empty());
     if let Some(url) = &static_pod_url
-        && let Err(reason) = validate_http_url(url)
+        && let Err(reason) = crate::podconfig::validate_manifest_url(url)
     {
-        problem("staticPodURL", "manifest-url", format!("{url:?} {reason}"));
+        problem("staticPodURL", "manifest-url", format!("{url:?}: {reason}"));
     }
 
     let static_pod_url_header = raw.static_pod_url_header.unwrap_or_default();
@@ -520,18 +520,6 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
             .unwrap_or(defaults.enable_debugging_handlers),
         run_once: raw.run_once.unwrap_or(defaults.run_once),
     }
-}
-
-fn validate_http_url(url: &str) -> Result<(), &'static str> {
-    let uri: http::Uri = url.parse().map_err(|_| "is not a valid URL")?;
-    match uri.scheme_str() {
-        Some("http" | "https") => {}
-        _ => return Err("must be an http:// or https:// URL"),
-    }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err("has no host");
-    }
-    Ok(())
 }
 
 fn validate_cgroup_root(root: &str, driver: CgroupDriver) -> Result<(), &'static str> {
