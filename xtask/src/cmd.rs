@@ -6,9 +6,7 @@ use anyhow::{Context, Result, bail};
 
 /// Runs `cmd` with inherited output and fails unless it exits 0.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("starting {cmd:?}"))?;
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
     }

@@ -28,7 +28,10 @@ pub fn run() -> Result<()> {
     if config.exists() {
         agent.arg("--config").arg(&config);
     } else {
-        println!("note: {} is missing, running with defaults", config.display());
+        println!(
+            "note: {} is missing, running with defaults",
+            config.display()
+        );
     }
     agent
         .arg("--pod-manifest-path")
@@ -64,11 +67,13 @@ pub fn run() -> Result<()> {
 fn copy_example_pods(from: &Path, to: &Path) -> Result<()> {
     for entry in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
         let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "yaml" || e == "yml" || e == "json") {
-            if let Some(name) = path.file_name() {
-                fs::copy(&path, to.join(name))
-                    .with_context(|| format!("copying {}", path.display()))?;
-            }
+        if path
+            .extension()
+            .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+            && let Some(name) = path.file_name()
+        {
+            fs::copy(&path, to.join(name))
+                .with_context(|| format!("copying {}", path.display()))?;
         }
     }
     Ok(())

@@ -43,7 +43,11 @@ fn parse_response(response: &[u8]) -> Result<Vec<u8>> {
                 && value.trim().eq_ignore_ascii_case("chunked")
         })
     });
-    if chunked { dechunk(body) } else { Ok(body.to_vec()) }
+    if chunked {
+        dechunk(body)
+    } else {
+        Ok(body.to_vec())
+    }
 }
 
 fn dechunk(mut body: &[u8]) -> Result<Vec<u8>> {
@@ -69,6 +73,7 @@ fn dechunk(mut body: &[u8]) -> Result<Vec<u8>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -49,7 +49,14 @@ fn lab_path(name: &str) -> PathBuf {
 /// `ctr` talking to the lab's containerd in the CRI namespace.
 pub fn ctr() -> Command {
     let mut c = Command::new("ctr");
-    c.args(["--address", SOCKET, "--connect-timeout", "2s", "--namespace", "k8s.io"]);
+    c.args([
+        "--address",
+        SOCKET,
+        "--connect-timeout",
+        "2s",
+        "--namespace",
+        "k8s.io",
+    ]);
     c
 }
 
@@ -79,7 +86,9 @@ pub fn down() -> Result<()> {
     let deadline = Instant::now() + CONTAINERD_STOP_TIMEOUT;
     while process_alive(pid) {
         if Instant::now() > deadline {
-            println!("containerd {pid} ignored SIGTERM for {CONTAINERD_STOP_TIMEOUT:?}: killing it");
+            println!(
+                "containerd {pid} ignored SIGTERM for {CONTAINERD_STOP_TIMEOUT:?}: killing it"
+            );
             cmd::run(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
             break;
         }
@@ -95,15 +104,27 @@ pub fn down() -> Result<()> {
 pub fn status() -> Result<()> {
     println!("packages:");
     for package in PACKAGES {
-        let state = if package_installed(package) { "installed" } else { "MISSING" };
+        let state = if package_installed(package) {
+            "installed"
+        } else {
+            "MISSING"
+        };
         println!("  {package:<28} {state}");
     }
     let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
     for (fstype, target) in [("tracefs", "/sys/kernel/tracing"), ("bpf", "/sys/fs/bpf")] {
-        let state = if is_mounted(&mounts, fstype, target) { "mounted" } else { "NOT mounted" };
+        let state = if is_mounted(&mounts, fstype, target) {
+            "mounted"
+        } else {
+            "NOT mounted"
+        };
         println!("{fstype} at {target}: {state}");
     }
-    let cni = if Path::new(CNI_CONFLIST).exists() { "present" } else { "MISSING" };
+    let cni = if Path::new(CNI_CONFLIST).exists() {
+        "present"
+    } else {
+        "MISSING"
+    };
     println!("CNI config {CNI_CONFLIST}: {cni}");
     match started_containerd_pid()? {
         Some(pid) => println!("containerd started by `lab up`: pid {pid}"),

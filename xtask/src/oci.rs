@@ -155,6 +155,7 @@ pub fn build(layer: Layer, spec: &ImageSpec<'_>) -> Result<Archive> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::collections::HashMap;
     use std::io::Read;
@@ -198,7 +199,11 @@ mod tests {
         let manifests = index["manifests"].as_array().unwrap();
         let names: Vec<&str> = manifests
             .iter()
-            .map(|m| m["annotations"]["io.containerd.image.name"].as_str().unwrap())
+            .map(|m| {
+                m["annotations"]["io.containerd.image.name"]
+                    .as_str()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(names, ["example.org/a:1", "example.org/a:latest"]);
         assert_eq!(manifests[0]["digest"], archive.manifest_digest.as_str());
