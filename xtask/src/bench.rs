@@ -31,6 +31,9 @@ pub struct StartupArgs {
     /// How many container exits to time for each pod count.
     #[arg(long, default_value_t = 10)]
     exits: usize,
+    /// Benchmark this ringlet binary instead of building target/release/ringlet.
+    #[arg(long)]
+    binary: Option<PathBuf>,
     /// Extra flags passed to ringlet, after `--` (for example `-- --pleg=relist`).
     #[arg(last = true)]
     ringlet_args: Vec<String>,
@@ -72,12 +75,16 @@ pub fn startup(args: &StartupArgs) -> Result<()> {
     }
     lab::up()?;
     let root = workspace_root();
-    cmd::run(
-        cargo()
-            .current_dir(&root)
-            .args(["build", "--release", "-p", "ringlet"]),
-    )?;
-    let binary = root.join("target/release/ringlet");
+    let binary = if let Some(binary) = &args.binary {
+        binary.clone()
+    } else {
+        cmd::run(
+            cargo()
+                .current_dir(&root)
+                .args(["build", "--release", "-p", "ringlet"]),
+        )?;
+        root.join("target/release/ringlet")
+    };
 
     let mut metrics = Vec::new();
     for &pods in &args.pods {
@@ -114,6 +121,7 @@ pub fn startup(args: &StartupArgs) -> Result<()> {
 struct Agent {
     child: Child,
     log: PathBuf,
+    stopped: bool,
 }
 
 impl Agent {
@@ -125,6 +133,10 @@ impl Agent {
     }
 
     fn stop(&mut self) {
+        // Once reaped, the pid may belong to another process: never signal it twice.
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
         if let Ok(pid) = i32::try_from(self.child.id()) {
             signal(pid, libc::SIGTERM);
         }
@@ -211,7 +223,11 @@ fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Met
         .stderr(log_file)
         .spawn()
         .with_context(|| format!("starting {}", binary.display()))?;
-    let mut agent = Agent { child, log };
+    let mut agent = Agent {
+        child,
+        log,
+        stopped: false,
+    };
 
     let running = wait_all_running(&mut agent, port, pods, started)?;
     let mut per_pod: Vec<f64> = running.values().copied().collect();
