@@ -137,9 +137,7 @@ impl Agent {
         if std::mem::replace(&mut self.stopped, true) {
             return;
         }
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            signal(pid, libc::SIGTERM);
-        }
+        cmd::signal(self.child.id(), libc::SIGTERM);
         let deadline = Instant::now() + STOP_TIMEOUT;
         while Instant::now() < deadline {
             if !matches!(self.child.try_wait(), Ok(None)) {
@@ -157,11 +155,6 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-fn signal(pid: i32, sig: i32) -> bool {
-    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-    unsafe { libc::kill(pid, sig) == 0 }
 }
 
 fn free_port() -> Result<u16> {
@@ -343,7 +336,7 @@ fn first_container(pod: &Value) -> Option<(String, String, u64)> {
 }
 
 /// Task id -> pid of every running task in containerd's CRI namespace.
-fn task_pids() -> Result<HashMap<String, i32>> {
+fn task_pids() -> Result<HashMap<String, u32>> {
     let listing = cmd::output(lab::ctr().args(["tasks", "ls"]))?;
     Ok(listing
         .lines()
@@ -370,7 +363,7 @@ fn time_exits(agent: &mut Agent, port: u16, count: usize) -> Result<Vec<f64>> {
             continue;
         };
         let killed = Instant::now();
-        if !signal(pid, libc::SIGKILL) {
+        if !cmd::signal(pid, libc::SIGKILL) {
             bail!(
                 "killing pid {pid} of {name}: {}",
                 std::io::Error::last_os_error()

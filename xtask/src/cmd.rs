@@ -1,4 +1,4 @@
-//! Running external programs with errors that name the command that failed.
+//! Running external programs with errors that name the command that failed, and signalling processes.
 
 use std::process::{Command, Stdio};
 
@@ -36,4 +36,13 @@ pub fn succeeds(cmd: &mut Command) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Sends `sig` to process `pid`; says whether it was delivered.
+pub fn signal(pid: u32, sig: i32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe { libc::kill(pid, sig) == 0 }
 }
