@@ -1,1 +1,84 @@
-fn main() {}
+//! `cargo xtask`: ringlet's developer tasks. `lab` prepares a real containerd on this machine, `demo`
+//! runs the agent on example static pods, `test` runs every test tier, `bench` measures the agent.
+
+mod bench;
+mod cmd;
+mod demo;
+mod http;
+mod lab;
+mod oci;
+mod test;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "ringlet developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Manage the local containerd lab (packages, images, CNI, containerd).
+    Lab {
+        #[command(subcommand)]
+        action: LabAction,
+    },
+    /// Set the lab up and run ringlet on the example static pods in the foreground.
+    Demo,
+    /// Run the unit and component tests, then the privileged suite against the lab.
+    Test,
+    /// Run a benchmark and write its results under bench/results/.
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum LabAction {
+    /// Install missing packages, build and import the images, start containerd.
+    Up,
+    /// Stop the containerd that `lab up` started.
+    Down,
+    /// Show packages, containerd and images.
+    Status,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Time from agent start to all static pods running, and from a container exit to the status change.
+    Startup(bench::StartupArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Lab { action } => match action {
+            LabAction::Up => lab::up(),
+            LabAction::Down => lab::down(),
+            LabAction::Status => lab::status(),
+        },
+        Command::Demo => demo::run(),
+        Command::Test => test::run(),
+        Command::Bench { bench } => match bench {
+            Bench::Startup(args) => bench::startup(&args),
+        },
+    }
+}
+
+/// The workspace root: xtask lives one level below it.
+fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map_or_else(|| manifest_dir.clone(), PathBuf::from)
+}
+
+/// The cargo that runs us, so nested builds use the same toolchain.
+fn cargo() -> std::process::Command {
+    std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}

@@ -1,0 +1,511 @@
+//! The lab: a real containerd with CRI on this machine, set up without systemd or a registry. `up`
+//! installs the packages, builds the busybox and pause images in Rust and imports them, writes the
+//! containerd and CNI configuration and starts containerd; every step is skipped when already done.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::cmd;
+use crate::oci::{self, ImageSpec, Layer};
+
+/// Where the lab keeps its configuration, log, pid file, images and build outputs.
+pub const LAB_DIR: &str = "/var/lib/ringlet-lab";
+/// containerd's standard socket, the agent's default `--container-runtime-endpoint`.
+pub const SOCKET: &str = "/run/containerd/containerd.sock";
+pub const BUSYBOX_REFS: &[&str] = &[
+    "docker.io/library/busybox:latest",
+    "docker.io/library/busybox:1.35",
+];
+pub const PAUSE_REF: &str = "registry.k8s.io/pause:3.10";
+
+const PACKAGES: &[&str] = &[
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
+    "iptables",
+    "iproute2",
+    "clang",
+    "libbpf-dev",
+    "bpftool",
+    "gcc",
+    "libc6-dev",
+];
+const CNI_CONFLIST: &str = "/etc/cni/net.d/10-ringlet-lab.conflist";
+const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);
+const CONTAINERD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
+const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const PAUSE_SOURCE: &str = include_str!("pause.c");
+
+fn lab_path(name: &str) -> PathBuf {
+    Path::new(LAB_DIR).join(name)
+}
+
+/// `ctr` talking to the lab's containerd in the CRI namespace.
+pub fn ctr() -> Command {
+    let mut c = Command::new("ctr");
+    c.args([
+        "--address",
+        SOCKET,
+        "--connect-timeout",
+        "2s",
+        "--namespace",
+        "k8s.io",
+    ]);
+    c
+}
+
+pub fn up() -> Result<()> {
+    ensure_root()?;
+    install_packages()?;
+    mount_kernel_filesystems()?;
+    fs::create_dir_all(LAB_DIR).with_context(|| format!("creating {LAB_DIR}"))?;
+    let config = write_containerd_config()?;
+    write_cni_config()?;
+    let images = build_images()?;
+    start_containerd(&config)?;
+    import_images(&images)?;
+    println!("lab is up: containerd on {SOCKET}, lab files in {LAB_DIR}");
+    Ok(())
+}
+
+pub fn down() -> Result<()> {
+    ensure_root()?;
+    let pid_file = lab_path("containerd.pid");
+    let Some(pid) = started_containerd_pid()? else {
+        println!("no containerd started by `lab up` is running");
+        remove_if_exists(&pid_file)?;
+        return Ok(());
+    };
+    if !cmd::signal(pid, libc::SIGTERM) {
+        bail!(
+            "stopping containerd {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let deadline = Instant::now() + CONTAINERD_STOP_TIMEOUT;
+    while process_alive(pid) {
+        if Instant::now() > deadline {
+            println!(
+                "containerd {pid} ignored SIGTERM for {CONTAINERD_STOP_TIMEOUT:?}: killing it"
+            );
+            cmd::signal(pid, libc::SIGKILL);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    remove_if_exists(&pid_file)?;
+    println!(
+        "containerd {pid} stopped; running pods keep their shims and are picked up again by the next `lab up`"
+    );
+    Ok(())
+}
+
+pub fn status() -> Result<()> {
+    println!("packages:");
+    for package in PACKAGES {
+        let state = if package_installed(package) {
+            "installed"
+        } else {
+            "MISSING"
+        };
+        println!("  {package:<28} {state}");
+    }
+    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for (fstype, target) in [("tracefs", "/sys/kernel/tracing"), ("bpf", "/sys/fs/bpf")] {
+        let state = if is_mounted(&mounts, fstype, target) {
+            "mounted"
+        } else {
+            "NOT mounted"
+        };
+        println!("{fstype} at {target}: {state}");
+    }
+    let cni = if Path::new(CNI_CONFLIST).exists() {
+        "present"
+    } else {
+        "MISSING"
+    };
+    println!("CNI config {CNI_CONFLIST}: {cni}");
+    match started_containerd_pid()? {
+        Some(pid) => println!("containerd started by `lab up`: pid {pid}"),
+        None => println!("containerd started by `lab up`: none"),
+    }
+    if !containerd_answers() {
+        println!("containerd on {SOCKET}: NOT answering");
+        return Ok(());
+    }
+    let version = cmd::output(ctr().arg("version"))?;
+    let server = version
+        .split("Server:")
+        .nth(1)
+        .and_then(|s| s.lines().find(|l| l.trim_start().starts_with("Version:")))
+        .map_or("unknown", str::trim);
+    println!("containerd on {SOCKET}: answering ({server})");
+    println!("images in namespace k8s.io:");
+    for (name, digest) in image_digests()? {
+        if !name.starts_with("sha256:") {
+            println!("  {name}  {digest}");
+        }
+    }
+    Ok(())
+}
+
+fn ensure_root() -> Result<()> {
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        bail!("the lab needs root, running as uid {euid}");
+    }
+    Ok(())
+}
+
+fn package_installed(package: &str) -> bool {
+    let Ok(out) = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return false;
+    };
+    out.status.success() && String::from_utf8_lossy(&out.stdout).ends_with("install ok installed")
+}
+
+fn install_packages() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !package_installed(p))
+        .collect();
+    if missing.is_empty() {
+        println!("packages: all installed");
+        return Ok(());
+    }
+    println!("packages: installing {}", missing.join(" "));
+    cmd::run(
+        Command::new("apt-get")
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    cmd::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+fn is_mounted(mounts: &str, fstype: &str, target: &str) -> bool {
+    mounts.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        let (_, mountpoint, kind) = (fields.next(), fields.next(), fields.next());
+        mountpoint == Some(target) && kind == Some(fstype)
+    })
+}
+
+/// The eBPF PLEG needs tracefs (tracepoint ids) and bpffs (pinned maps).
+fn mount_kernel_filesystems() -> Result<()> {
+    let mounts = fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+    for (fstype, target) in [("tracefs", "/sys/kernel/tracing"), ("bpf", "/sys/fs/bpf")] {
+        if !is_mounted(&mounts, fstype, target) {
+            fs::create_dir_all(target).with_context(|| format!("creating {target}"))?;
+            cmd::run(Command::new("mount").args(["-t", fstype, fstype, target]))?;
+            println!("mounted {fstype} at {target}");
+        }
+    }
+    Ok(())
+}
+
+/// Writes `contents` to `path` unless it already holds exactly that; says whether it wrote.
+fn write_if_changed(path: &Path, contents: &[u8]) -> Result<bool> {
+    if fs::read(path).is_ok_and(|old| old == contents) {
+        return Ok(false);
+    }
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
+    Ok(true)
+}
+
+fn remove_if_exists(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn containerd_config() -> String {
+    // restrict_oom_score_adj: this VM's bounding set lacks CAP_SYS_RESOURCE, so runc cannot lower
+    // oom_score_adj and every sandbox would fail with "can't get final child's PID from pipe: EOF".
+    format!(
+        r#"version = 2
+
+[grpc]
+  address = "{SOCKET}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_REF}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  systemd_cgroup = false
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = false
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "/etc/cni/net.d"
+"#
+    )
+}
+
+fn write_containerd_config() -> Result<PathBuf> {
+    let path = lab_path("containerd.toml");
+    if write_if_changed(&path, containerd_config().as_bytes())? {
+        println!("wrote {}", path.display());
+    }
+    Ok(path)
+}
+
+fn write_cni_config() -> Result<()> {
+    let conflist = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "ringlet-lab",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": true,
+                "ipMasq": true,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": "10.88.0.0/16" }]],
+                    "routes": [{ "dst": "0.0.0.0/0" }]
+                }
+            },
+            { "type": "portmap", "capabilities": { "portMappings": true } }
+        ]
+    });
+    let bytes = serde_json::to_vec_pretty(&conflist)?;
+    if write_if_changed(Path::new(CNI_CONFLIST), &bytes)? {
+        println!("wrote {CNI_CONFLIST}");
+    }
+    Ok(())
+}
+
+struct BuiltImage {
+    refs: Vec<&'static str>,
+    archive: oci::Archive,
+}
+
+fn build_images() -> Result<Vec<BuiltImage>> {
+    Ok(vec![
+        BuiltImage {
+            refs: BUSYBOX_REFS.to_vec(),
+            archive: busybox_image()?,
+        },
+        BuiltImage {
+            refs: vec![PAUSE_REF],
+            archive: pause_image()?,
+        },
+    ])
+}
+
+fn busybox_image() -> Result<oci::Archive> {
+    let binary = fs::read("/bin/busybox").context("reading /bin/busybox (busybox-static)")?;
+    let applets = cmd::output(Command::new("/bin/busybox").arg("--list"))?;
+    let mut layer = Layer::new();
+    for (dir, mode) in [
+        ("bin/", 0o755),
+        ("etc/", 0o755),
+        ("home/", 0o755),
+        ("root/", 0o700),
+        ("tmp/", 0o1777),
+        ("var/", 0o755),
+    ] {
+        layer.dir(dir, mode)?;
+    }
+    layer.file("bin/busybox", 0o755, &binary)?;
+    let mut names: Vec<&str> = applets
+        .lines()
+        .map(str::trim)
+        .filter(|a| !a.is_empty() && *a != "busybox" && !a.contains('/'))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for applet in names {
+        layer.symlink(&format!("bin/{applet}"), "busybox")?;
+    }
+    layer.file(
+        "etc/passwd",
+        0o644,
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n",
+    )?;
+    layer.file("etc/group", 0o644, b"root:x:0:\nnobody:x:65534:\n")?;
+    oci::build(
+        layer,
+        &ImageSpec {
+            refs: BUSYBOX_REFS,
+            entrypoint: None,
+            cmd: Some(&["sh"]),
+            env: &[PATH_ENV],
+        },
+    )
+}
+
+/// Compiles the pause program once; later runs reuse the binary while the source is unchanged.
+fn pause_binary() -> Result<Vec<u8>> {
+    let dir = lab_path("pause");
+    let source = dir.join("pause.c");
+    let binary = dir.join("pause");
+    if write_if_changed(&source, PAUSE_SOURCE.as_bytes())? || !binary.exists() {
+        cmd::run(
+            Command::new("gcc")
+                .args(["-Os", "-static", "-s", "-o"])
+                .arg(&binary)
+                .arg(&source),
+        )?;
+        println!("built {}", binary.display());
+    }
+    fs::read(&binary).with_context(|| format!("reading {}", binary.display()))
+}
+
+fn pause_image() -> Result<oci::Archive> {
+    let mut layer = Layer::new();
+    layer.file("pause", 0o755, &pause_binary()?)?;
+    oci::build(
+        layer,
+        &ImageSpec {
+            refs: &[PAUSE_REF],
+            entrypoint: Some(&["/pause"]),
+            cmd: None,
+            env: &[PATH_ENV],
+        },
+    )
+}
+
+/// Image name -> manifest digest, as `ctr images ls` shows them.
+fn image_digests() -> Result<HashMap<String, String>> {
+    let listing = cmd::output(ctr().args(["images", "ls"]))?;
+    Ok(listing
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let name = fields.next()?;
+            let digest = fields.nth(1)?;
+            Some((name.to_owned(), digest.to_owned()))
+        })
+        .collect())
+}
+
+fn import_images(images: &[BuiltImage]) -> Result<()> {
+    let present = image_digests()?;
+    for image in images {
+        let digest = &image.archive.manifest_digest;
+        if image
+            .refs
+            .iter()
+            .all(|r| present.get(*r).is_some_and(|d| d == digest))
+        {
+            println!("images: {} already imported", image.refs.join(", "));
+            continue;
+        }
+        let file_name = image.refs[0].replace(['/', ':'], "_") + ".oci.tar";
+        let path = lab_path("images").join(file_name);
+        write_if_changed(&path, &image.archive.tar)?;
+        cmd::run(ctr().args(["images", "import"]).arg(&path))?;
+        println!("images: imported {}", image.refs.join(", "));
+    }
+    Ok(())
+}
+
+pub fn containerd_answers() -> bool {
+    Path::new(SOCKET).exists() && cmd::succeeds(ctr().arg("version"))
+}
+
+fn process_alive(pid: u32) -> bool {
+    // A stopped process whose parent has not reaped it yet is a zombie ("Z"): it is gone for our purpose.
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// The pid in the lab's pid file, if that process is still a running containerd.
+fn started_containerd_pid() -> Result<Option<u32>> {
+    let pid_file = lab_path("containerd.pid");
+    let Ok(text) = fs::read_to_string(&pid_file) else {
+        return Ok(None);
+    };
+    let pid: u32 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{} does not hold a pid: {text:?}", pid_file.display()))?;
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    Ok((comm.trim() == "containerd" && process_alive(pid)).then_some(pid))
+}
+
+fn start_containerd(config: &Path) -> Result<()> {
+    if containerd_answers() {
+        println!("containerd: already answering on {SOCKET}");
+        return Ok(());
+    }
+    let log_path = lab_path("containerd.log");
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    // setsid detaches containerd from our session so it outlives this command and the terminal; it does
+    // not fork (we are not a process-group leader), so the pid we record is containerd's.
+    let mut child = Command::new("setsid")
+        .arg("containerd")
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().context("duplicating the log file handle")?)
+        .stderr(log)
+        .spawn()
+        .context("starting containerd")?;
+    let pid = child.id();
+    fs::write(lab_path("containerd.pid"), format!("{pid}\n")).context("writing the pid file")?;
+    let started = Instant::now();
+    while !containerd_answers() {
+        if let Some(status) = child.try_wait().context("waiting for containerd")? {
+            bail!(
+                "containerd exited with {status} before answering; see {}",
+                log_path.display()
+            );
+        }
+        if started.elapsed() > CONTAINERD_START_TIMEOUT {
+            bail!(
+                "containerd (pid {pid}) did not answer on {SOCKET} within {CONTAINERD_START_TIMEOUT:?}; see {}",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "containerd: started (pid {pid}) in {:?}, log {}",
+        started.elapsed(),
+        log_path.display()
+    );
+    Ok(())
+}

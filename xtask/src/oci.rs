@@ -1,0 +1,254 @@
+//! OCI image-layout archives built in memory, so the lab has images without any registry: one gzip
+//! layer, its config and manifest, and an `index.json` naming every tag through the
+//! `io.containerd.image.name` annotation that `ctr images import` reads.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use flate2::{Compression, write::GzEncoder};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+
+/// A layer's files, as an uncompressed tar with fixed owners and times so the same input always gives
+/// the same digests (and a second `lab up` sees the image as already imported).
+pub struct Layer {
+    tar: tar::Builder<Vec<u8>>,
+}
+
+impl Layer {
+    pub fn new() -> Self {
+        Self {
+            tar: tar::Builder::new(Vec::new()),
+        }
+    }
+
+    fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_size(size);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header
+    }
+
+    pub fn dir(&mut self, path: &str, mode: u32) -> Result<()> {
+        let mut header = Self::header(tar::EntryType::Directory, mode, 0);
+        self.tar
+            .append_data(&mut header, path, std::io::empty())
+            .with_context(|| format!("adding directory {path} to a layer"))
+    }
+
+    pub fn file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<()> {
+        let mut header = Self::header(tar::EntryType::Regular, mode, data.len() as u64);
+        self.tar
+            .append_data(&mut header, path, data)
+            .with_context(|| format!("adding file {path} to a layer"))
+    }
+
+    pub fn symlink(&mut self, path: &str, target: &str) -> Result<()> {
+        let mut header = Self::header(tar::EntryType::Symlink, 0o777, 0);
+        self.tar
+            .append_link(&mut header, path, target)
+            .with_context(|| format!("adding symlink {path} -> {target} to a layer"))
+    }
+
+    fn finish(self) -> Result<Vec<u8>> {
+        self.tar.into_inner().context("finishing a layer tar")
+    }
+}
+
+/// What the image runs and which names it is imported under.
+pub struct ImageSpec<'a> {
+    pub refs: &'a [&'a str],
+    pub entrypoint: Option<&'a [&'a str]>,
+    pub cmd: Option<&'a [&'a str]>,
+    pub env: &'a [&'a str],
+}
+
+/// An image-layout tar ready for `ctr images import`, and the digest of its manifest.
+pub struct Archive {
+    pub tar: Vec<u8>,
+    pub manifest_digest: String,
+}
+
+fn sha256(data: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(data))
+}
+
+fn oci_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+fn descriptor(media_type: &str, blob: &[u8]) -> Value {
+    json!({ "mediaType": media_type, "digest": sha256(blob), "size": blob.len() })
+}
+
+/// Builds the image layout for `layer` described by `spec`.
+pub fn build(layer: Layer, spec: &ImageSpec<'_>) -> Result<Archive> {
+    let layer_tar = layer.finish()?;
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&layer_tar).context("compressing a layer")?;
+    let layer_gz = gz.finish().context("compressing a layer")?;
+
+    let mut config = serde_json::Map::new();
+    config.insert("Env".into(), json!(spec.env));
+    if let Some(entrypoint) = spec.entrypoint {
+        config.insert("Entrypoint".into(), json!(entrypoint));
+    }
+    if let Some(cmd) = spec.cmd {
+        config.insert("Cmd".into(), json!(cmd));
+    }
+    let config_blob = serde_json::to_vec(&json!({
+        "architecture": oci_architecture(),
+        "os": "linux",
+        "config": config,
+        "rootfs": { "type": "layers", "diff_ids": [sha256(&layer_tar)] },
+        "history": [{ "created_by": "cargo xtask lab up" }],
+    }))?;
+    let manifest_blob = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": descriptor("application/vnd.oci.image.config.v1+json", &config_blob),
+        "layers": [descriptor("application/vnd.oci.image.layer.v1.tar+gzip", &layer_gz)],
+    }))?;
+    let manifests: Vec<Value> = spec
+        .refs
+        .iter()
+        .map(|name| {
+            let mut d = descriptor(MANIFEST_MEDIA_TYPE, &manifest_blob);
+            let tag = name.rsplit_once(':').map_or("latest", |(_, tag)| tag);
+            d["annotations"] = json!({
+                "io.containerd.image.name": name,
+                "org.opencontainers.image.ref.name": tag,
+            });
+            d
+        })
+        .collect();
+    let index_blob = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": manifests,
+    }))?;
+
+    let mut outer = Layer::new();
+    outer.file("oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    outer.file("index.json", 0o644, &index_blob)?;
+    outer.dir("blobs/", 0o755)?;
+    outer.dir("blobs/sha256/", 0o755)?;
+    for blob in [&layer_gz, &config_blob, &manifest_blob] {
+        let digest = sha256(blob);
+        let hex = digest.trim_start_matches("sha256:");
+        outer.file(&format!("blobs/sha256/{hex}"), 0o644, blob)?;
+    }
+    Ok(Archive {
+        tar: outer.finish()?,
+        manifest_digest: sha256(&manifest_blob),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::HashMap;
+    use std::io::Read;
+
+    use super::*;
+
+    fn entries(tar_bytes: &[u8]) -> HashMap<String, Vec<u8>> {
+        let mut archive = tar::Archive::new(tar_bytes);
+        let mut out = HashMap::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            out.insert(path, data);
+        }
+        out
+    }
+
+    fn blob<'a>(files: &'a HashMap<String, Vec<u8>>, digest: &str) -> &'a [u8] {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        &files[&format!("blobs/sha256/{hex}")]
+    }
+
+    #[test]
+    fn layout_digests_sizes_and_names_are_consistent() {
+        let mut layer = Layer::new();
+        layer.dir("tmp/", 0o1777).unwrap();
+        layer.file("bin/tool", 0o755, b"#!/bin/sh\n").unwrap();
+        layer.symlink("bin/sh", "tool").unwrap();
+        let spec = ImageSpec {
+            refs: &["example.org/a:1", "example.org/a:latest"],
+            entrypoint: None,
+            cmd: Some(&["sh"]),
+            env: &["PATH=/bin"],
+        };
+        let archive = build(layer, &spec).unwrap();
+        let files = entries(&archive.tar);
+
+        let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
+        let manifests = index["manifests"].as_array().unwrap();
+        let names: Vec<&str> = manifests
+            .iter()
+            .map(|m| {
+                m["annotations"]["io.containerd.image.name"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(names, ["example.org/a:1", "example.org/a:latest"]);
+        assert_eq!(manifests[0]["digest"], archive.manifest_digest.as_str());
+
+        let manifest_bytes = blob(&files, &archive.manifest_digest);
+        assert_eq!(manifests[0]["size"], manifest_bytes.len());
+        let manifest: Value = serde_json::from_slice(manifest_bytes).unwrap();
+        let config_bytes = blob(&files, manifest["config"]["digest"].as_str().unwrap());
+        assert_eq!(manifest["config"]["size"], config_bytes.len());
+        let layer_desc = &manifest["layers"][0];
+        let layer_gz = blob(&files, layer_desc["digest"].as_str().unwrap());
+        assert_eq!(layer_desc["size"], layer_gz.len());
+
+        let mut layer_tar = Vec::new();
+        flate2::read::GzDecoder::new(layer_gz)
+            .read_to_end(&mut layer_tar)
+            .unwrap();
+        let config: Value = serde_json::from_slice(config_bytes).unwrap();
+        assert_eq!(config["rootfs"]["diff_ids"][0], sha256(&layer_tar).as_str());
+        assert_eq!(config["config"]["Cmd"], json!(["sh"]));
+
+        let mut layer_archive = tar::Archive::new(layer_tar.as_slice());
+        let mut seen = Vec::new();
+        for entry in layer_archive.entries().unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path().unwrap().to_string_lossy().into_owned();
+            seen.push((path, entry.header().mode().unwrap()));
+        }
+        assert!(seen.contains(&("tmp/".to_owned(), 0o1777)));
+        assert!(seen.contains(&("bin/tool".to_owned(), 0o755)));
+    }
+
+    #[test]
+    fn same_input_gives_same_manifest_digest() {
+        let make = || {
+            let mut layer = Layer::new();
+            layer.file("x", 0o644, b"x").unwrap();
+            let spec = ImageSpec {
+                refs: &["a:1"],
+                entrypoint: Some(&["/x"]),
+                cmd: None,
+                env: &[],
+            };
+            build(layer, &spec).unwrap().manifest_digest
+        };
+        assert_eq!(make(), make());
+    }
+}

@@ -1,0 +1,37 @@
+//! `cargo xtask test`: the unit and component tiers, then the privileged suite against the lab.
+//! Both tiers always run, so one failing tier still shows the other's results.
+
+use anyhow::{Result, bail};
+
+use crate::{cargo, lab, workspace_root};
+
+pub fn run() -> Result<()> {
+    let root = workspace_root();
+    println!("== unit and component tests");
+    let unit = cargo()
+        .current_dir(&root)
+        .args(["test", "--workspace", "--exclude", "ringlet-tests"])
+        .status()?
+        .success();
+
+    println!("== lab");
+    lab::up()?;
+
+    println!("== privileged tests");
+    let privileged = cargo()
+        .current_dir(&root)
+        .args(["test", "-p", "ringlet-tests", "--", "--test-threads=1"])
+        .status()?
+        .success();
+
+    let verdict = |ok: bool| if ok { "passed" } else { "FAILED" };
+    println!(
+        "unit and component tests {}, privileged tests {}",
+        verdict(unit),
+        verdict(privileged)
+    );
+    if !(unit && privileged) {
+        bail!("tests failed");
+    }
+    Ok(())
+}
