@@ -1,1 +1,5 @@
-//! (being written)
+//! placeholder
+pub mod backoff;
+pub mod cri;
+pub mod images;
+pub mod labels;
