@@ -10,6 +10,6 @@ pub use cache::PodCache;
 pub use ids::{ContainerId, PodUid, SandboxId};
 pub use runtime::{
     ContainerState, ContainerStatus, PodStatus, PodSyncResult, RunningContainer, RunningPod,
-    Runtime, RuntimeCondition, RuntimeError, RuntimeStatus, SandboxState, SandboxStatus,
-    SyncAction, SyncFailure, SyncResult,
+    RunningSandbox, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus, SandboxState,
+    SandboxStatus, SyncAction, SyncFailure, SyncResult,
 };

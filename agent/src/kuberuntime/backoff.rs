@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub const INITIAL: Duration = Duration::from_secs(10);
-pub const MAX: Duration = Duration::from_secs(300);
+pub const MAX: Duration = Duration::from_mins(5);
 /// Twice the maximum, as upstream: a key untouched for this long starts over.
-pub const RESET_AFTER: Duration = Duration::from_secs(600);
+pub const RESET_AFTER: Duration = Duration::from_mins(10);
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -58,6 +58,14 @@ impl BackOff {
             return None;
         }
         (now.saturating_duration_since(event) < entry.delay).then_some(entry.delay)
+    }
+
+    /// The current delay if `now` is still inside the window opened by the key's last recorded
+    /// event (the kubelet's `IsInBackOffSinceUpdate`, used for image pulls).
+    pub fn in_backoff_since_update(&self, key: &str, now: Instant) -> Option<Duration> {
+        let entries = self.lock();
+        let entry = entries.get(key)?;
+        (now.saturating_duration_since(entry.last_event) < entry.delay).then_some(entry.delay)
     }
 
     /// Records an event for `key` and returns the delay that now applies: the initial delay for a new
@@ -132,6 +140,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn pull_window_runs_from_the_last_failure() {
+        let backoff = BackOff::default();
+        assert_eq!(backoff.in_backoff_since_update("img", Instant::now()), None);
+        backoff.next("img", Instant::now());
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(
+            backoff.in_backoff_since_update("img", Instant::now()),
+            Some(INITIAL)
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(backoff.in_backoff_since_update("img", Instant::now()), None);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_long_quiet_key_starts_over() {
         let backoff = BackOff::default();
         backoff.next("k", Instant::now());
@@ -151,6 +173,9 @@ mod tests {
         backoff.next("u2/a", Instant::now());
         backoff.forget_prefix("u1/");
         assert_eq!(backoff.next("u1/a", Instant::now()), INITIAL);
-        assert_eq!(backoff.next("u2/a", Instant::now()), Duration::from_secs(20));
+        assert_eq!(
+            backoff.next("u2/a", Instant::now()),
+            Duration::from_secs(20)
+        );
     }
 }

@@ -174,7 +174,13 @@ impl CriClient {
     }
 
     pub async fn status(&self) -> Result<cri::RuntimeStatus, CriError> {
-        let response = call!(self, runtime, status, "Status", cri::StatusRequest::default())?;
+        let response = call!(
+            self,
+            runtime,
+            status,
+            "Status",
+            cri::StatusRequest::default()
+        )?;
         response.status.ok_or(CriError::MissingField {
             call: "Status",
             field: "status",
@@ -206,7 +212,14 @@ impl CriClient {
         let request = cri::RemovePodSandboxRequest {
             pod_sandbox_id: id.to_owned(),
         };
-        call!(self, runtime, remove_pod_sandbox, "RemovePodSandbox", request).map(drop)
+        call!(
+            self,
+            runtime,
+            remove_pod_sandbox,
+            "RemovePodSandbox",
+            request
+        )
+        .map(drop)
     }
 
     pub async fn pod_sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatus, CriError> {
@@ -214,7 +227,13 @@ impl CriClient {
             pod_sandbox_id: id.to_owned(),
             verbose: false,
         };
-        let response = call!(self, runtime, pod_sandbox_status, "PodSandboxStatus", request)?;
+        let response = call!(
+            self,
+            runtime,
+            pod_sandbox_status,
+            "PodSandboxStatus",
+            request
+        )?;
         response.status.ok_or(CriError::MissingField {
             call: "PodSandboxStatus",
             field: "status",
@@ -439,7 +458,13 @@ mod tests {
         let client = CriClient::new(&endpoint, Duration::from_secs(5)).unwrap();
         let err = client.version().await.unwrap_err();
         assert!(
-            matches!(err, CriError::Unavailable { call: "Version", .. }),
+            matches!(
+                err,
+                CriError::Unavailable {
+                    call: "Version",
+                    ..
+                }
+            ),
             "{err:?}"
         );
     }

@@ -76,7 +76,7 @@ pub fn normalize_image(image: &str) -> Result<String, ImageError> {
 }
 
 /// The container's pull policy; unset defaults by tag as the API server does: `:latest` or no tag
-/// (and no digest) → Always, anything else → IfNotPresent.
+/// (and no digest) → `Always`, anything else → `IfNotPresent`.
 pub fn pull_policy(policy: Option<&str>, image: &str) -> Result<PullPolicy, ImageError> {
     match policy {
         Some("Always") => Ok(PullPolicy::Always),
@@ -113,7 +113,10 @@ mod tests {
             normalize_image("busybox:1.35").unwrap(),
             "docker.io/library/busybox:1.35"
         );
-        assert_eq!(normalize_image("me/app").unwrap(), "docker.io/me/app:latest");
+        assert_eq!(
+            normalize_image("me/app").unwrap(),
+            "docker.io/me/app:latest"
+        );
         assert_eq!(
             normalize_image("registry.k8s.io/pause:3.10").unwrap(),
             "registry.k8s.io/pause:3.10"

@@ -3,6 +3,8 @@
 //! container hash of `pkg/kubelet/container/helpers.go`).
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::BuildHasher;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use sha2::{Digest, Sha256};
@@ -117,18 +119,19 @@ pub fn container_hash(container: &Container) -> String {
     let digest = Sha256::digest(&json);
     let mut hex = String::with_capacity(HASH_LEN);
     for byte in digest.iter().take(HASH_LEN / 2) {
-        hex.push_str(&format!("{byte:02x}"));
+        // Writing to a String cannot fail.
+        let _ = write!(hex, "{byte:02x}");
     }
     hex
 }
 
 /// Whether the object carries the agent's managed-by label.
-pub fn is_managed(labels: &HashMap<String, String>) -> bool {
+pub fn is_managed<S: BuildHasher>(labels: &HashMap<String, String, S>) -> bool {
     labels.get(MANAGED).is_some_and(|v| v == MANAGED_VALUE)
 }
 
 /// The pod an object belongs to; `None` for objects without the agent's labels.
-pub fn pod_labels(labels: &HashMap<String, String>) -> Option<PodLabels> {
+pub fn pod_labels<S: BuildHasher>(labels: &HashMap<String, String, S>) -> Option<PodLabels> {
     if !is_managed(labels) {
         return None;
     }
@@ -140,7 +143,7 @@ pub fn pod_labels(labels: &HashMap<String, String>) -> Option<PodLabels> {
 }
 
 /// The restart count a container was created with (0 when absent or unreadable).
-pub fn restart_count(annotations: &HashMap<String, String>) -> u32 {
+pub fn restart_count<S: BuildHasher>(annotations: &HashMap<String, String, S>) -> u32 {
     annotations
         .get(RESTART_COUNT)
         .and_then(|v| v.parse().ok())
@@ -148,7 +151,9 @@ pub fn restart_count(annotations: &HashMap<String, String>) -> u32 {
 }
 
 /// The pod grace period a container was created with.
-pub fn termination_grace_period(annotations: &HashMap<String, String>) -> Option<i64> {
+pub fn termination_grace_period<S: BuildHasher>(
+    annotations: &HashMap<String, String, S>,
+) -> Option<i64> {
     annotations
         .get(TERMINATION_GRACE_PERIOD)
         .and_then(|v| v.parse().ok())

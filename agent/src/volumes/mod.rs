@@ -22,7 +22,9 @@ pub enum VolumeError {
     Unsupported { volume: String, kind: &'static str },
     #[error("volume {volume:?} has no source")]
     NoSource { volume: String },
-    #[error("volume {volume:?}: emptyDir medium {medium:?} is not supported (only the default disk medium)")]
+    #[error(
+        "volume {volume:?}: emptyDir medium {medium:?} is not supported (only the default disk medium)"
+    )]
     UnsupportedMedium { volume: String, medium: String },
     #[error("volume {volume:?}: hostPath type {kind:?} is not valid")]
     InvalidHostPathType { volume: String, kind: String },
@@ -43,15 +45,21 @@ pub enum VolumeError {
     },
     #[error("container {container:?} mounts volume {volume:?}, which the pod does not define")]
     UnknownVolume { container: String, volume: String },
-    #[error("container {container:?} mounts volume {volume:?} with subPath, which is not supported")]
+    #[error(
+        "container {container:?} mounts volume {volume:?} with subPath, which is not supported"
+    )]
     SubPathUnsupported { container: String, volume: String },
-    #[error("container {container:?} mounts volume {volume:?} at {path:?}: mountPath must be absolute")]
+    #[error(
+        "container {container:?} mounts volume {volume:?} at {path:?}: mountPath must be absolute"
+    )]
     RelativeMountPath {
         container: String,
         volume: String,
         path: String,
     },
-    #[error("container {container:?} mounts volume {volume:?} with invalid mountPropagation {value:?}")]
+    #[error(
+        "container {container:?} mounts volume {volume:?} with invalid mountPropagation {value:?}"
+    )]
     InvalidPropagation {
         container: String,
         volume: String,
@@ -216,7 +224,10 @@ fn unsupported_kind(volume: &Volume) -> Option<&'static str> {
         ("secret", volume.secret.is_some()),
         ("projected", volume.projected.is_some()),
         ("downwardAPI", volume.downward_api.is_some()),
-        ("persistentVolumeClaim", volume.persistent_volume_claim.is_some()),
+        (
+            "persistentVolumeClaim",
+            volume.persistent_volume_claim.is_some(),
+        ),
         ("nfs", volume.nfs.is_some()),
         ("csi", volume.csi.is_some()),
         ("ephemeral", volume.ephemeral.is_some()),
@@ -253,7 +264,10 @@ impl PodVolumes {
                     return Err(VolumeError::UnknownVolume { container, volume });
                 };
                 let has_sub_path = mount.sub_path.as_deref().is_some_and(|p| !p.is_empty())
-                    || mount.sub_path_expr.as_deref().is_some_and(|p| !p.is_empty());
+                    || mount
+                        .sub_path_expr
+                        .as_deref()
+                        .is_some_and(|p| !p.is_empty());
                 if has_sub_path {
                     let (container, volume) = err_ctx();
                     return Err(VolumeError::SubPathUnsupported { container, volume });
@@ -381,7 +395,10 @@ mod tests {
             ..EmptyDirVolumeSource::default()
         });
         let err = setup_pod_volumes(&pod(vec![v]), dir.path()).unwrap_err();
-        assert!(matches!(err, VolumeError::UnsupportedMedium { .. }), "{err}");
+        assert!(
+            matches!(err, VolumeError::UnsupportedMedium { .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -414,15 +431,15 @@ mod tests {
             (&new_dir, "Socket"),
             (&dir.path().join("missing"), "Directory"),
         ] {
-            let err = setup_pod_volumes(&pod(vec![host_path("x", path, kind)]), dir.path())
-                .unwrap_err();
+            let err =
+                setup_pod_volumes(&pod(vec![host_path("x", path, kind)]), dir.path()).unwrap_err();
             assert!(
                 matches!(err, VolumeError::HostPathTypeMismatch { .. }),
                 "{kind}: {err}"
             );
         }
-        let err = setup_pod_volumes(&pod(vec![host_path("x", &new_dir, "Dir")]), dir.path())
-            .unwrap_err();
+        let err =
+            setup_pod_volumes(&pod(vec![host_path("x", &new_dir, "Dir")]), dir.path()).unwrap_err();
         assert!(matches!(err, VolumeError::InvalidHostPathType { .. }));
     }
 
