@@ -221,14 +221,13 @@ mod tests {
 
     #[test]
     fn inactive_pods_lose_everything_dead_but_running_objects_stay() {
+        let mut foreign = container("foreign", "x", "app", "s9", Exited, 1);
+        foreign.labels.remove(labels::MANAGED);
         let containers = vec![
             container("c1", "gone", "app", "s1", Exited, 1),
             container("c2", "stopping", "app", "s2", Running, 1),
-            container("foreign", "x", "app", "s9", Exited, 1),
+            foreign,
         ];
-        let mut foreign = containers[2].clone();
-        foreign.labels.remove(labels::MANAGED);
-        let containers = vec![containers[0].clone(), containers[1].clone(), foreign];
         let sandboxes = vec![
             sandbox("s1", "gone", false, 1),
             sandbox("s2", "stopping", false, 1),

@@ -11,6 +11,8 @@ mod gc;
 pub mod images;
 pub mod labels;
 pub mod sandbox;
+#[cfg(test)]
+mod smoke_tests;
 mod status;
 mod sync;
 

@@ -154,7 +154,8 @@ impl KubeGenericRuntimeManager {
                     )),
                 ));
             }
-            if !actions.create_sandbox {
+            // A failed stop leaves the old sandbox up: never start a second one next to it.
+            if !actions.create_sandbox || result.first_failure().is_some() {
                 return result;
             }
             // Init containers run again in a new sandbox; old instances would look finished.
@@ -799,7 +800,7 @@ mod tests {
     fn durations_print_like_go() {
         assert_eq!(go_duration(Duration::from_secs(10)), "10s");
         assert_eq!(go_duration(Duration::from_secs(80)), "1m20s");
-        assert_eq!(go_duration(Duration::from_secs(300)), "5m0s");
+        assert_eq!(go_duration(Duration::from_mins(5)), "5m0s");
     }
 
     #[test]
