@@ -4,6 +4,7 @@
 //! resources as cgroup settings, security context, log path and annotations.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -355,6 +356,15 @@ pub fn make_env(
         });
     }
     Ok(out)
+}
+
+/// The host file behind a container instance's termination message path:
+/// `<pod_dir>/containers/<name>/<restart count>`.
+pub fn termination_message_file(pod_dir: &Path, container: &str, restart_count: u32) -> PathBuf {
+    pod_dir
+        .join("containers")
+        .join(container)
+        .join(restart_count.to_string())
 }
 
 /// The container's log file relative to the sandbox log directory: `<name>/<restart count>.log`.

@@ -23,6 +23,7 @@ pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 pub const TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
 pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
+pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
 
 /// Length of the hex container hash: 64 bits is plenty to detect a spec change.
 const HASH_LEN: usize = 16;
@@ -98,6 +99,13 @@ pub fn container_annotations(
                 .termination_message_path
                 .clone()
                 .unwrap_or_else(|| "/dev/termination-log".to_owned()),
+        ),
+        (
+            TERMINATION_MESSAGE_POLICY.to_owned(),
+            container
+                .termination_message_policy
+                .clone()
+                .unwrap_or_else(|| "File".to_owned()),
         ),
     ]);
     if let Some(grace) = pod

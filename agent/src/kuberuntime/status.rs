@@ -4,14 +4,24 @@
 
 use std::collections::HashMap;
 
+use std::path::Path;
+
 use futures::future::join_all;
 use ringlet_proto::runtime::v1 as cri;
 
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use super::container::termination_message_file;
 use super::{CriError, KubeGenericRuntimeManager, labels};
 use crate::container::{
     ContainerId, ContainerState, ContainerStatus, PodStatus, PodUid, RunningContainer, RunningPod,
     RunningSandbox, SandboxId, SandboxState, SandboxStatus,
 };
+
+/// Kubernetes caps termination messages at 4 KiB.
+const MAX_TERMINATION_MESSAGE_BYTES: usize = 4096;
+/// How much of the log end `FallbackToLogsOnError` reports.
+const FALLBACK_LOG_BYTES: u64 = 2048;
 
 pub(super) fn container_state(state: cri::ContainerState) -> ContainerState {
     match state {
@@ -156,6 +166,67 @@ fn pod_entry(pods: &mut HashMap<PodUid, RunningPod>, pod: labels::PodLabels) -> 
     })
 }
 
+/// The message an exited container left: its termination message file, or with
+/// `FallbackToLogsOnError` and a failed exit, the tail of its log.
+async fn termination_message(pod_dir: &Path, status: &cri::ContainerStatus) -> Option<String> {
+    let name = &status.metadata.as_ref()?.name;
+    let restart_count = labels::restart_count(&status.annotations);
+    let file = termination_message_file(pod_dir, name, restart_count);
+    if let Ok(bytes) = tokio::fs::read(&file).await
+        && !bytes.is_empty()
+    {
+        let cut = &bytes[..bytes.len().min(MAX_TERMINATION_MESSAGE_BYTES)];
+        return Some(String::from_utf8_lossy(cut).into_owned());
+    }
+    let fallback = status
+        .annotations
+        .get(labels::TERMINATION_MESSAGE_POLICY)
+        .is_some_and(|p| p == "FallbackToLogsOnError");
+    if !fallback || status.exit_code == 0 || status.log_path.is_empty() {
+        return None;
+    }
+    let tail = read_tail(Path::new(&status.log_path), FALLBACK_LOG_BYTES)
+        .await
+        .ok()?;
+    let message = cri_log_text(&tail);
+    (!message.is_empty()).then_some(message)
+}
+
+/// The last `max` bytes of a file, starting at a line boundary.
+async fn read_tail(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = tokio::fs::File::open(path).await?;
+    let len = file.metadata().await?.len();
+    let start = len.saturating_sub(max);
+    file.seek(std::io::SeekFrom::Start(start)).await?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).await?;
+    if start > 0 {
+        let first_newline = bytes
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(bytes.len(), |i| i + 1);
+        bytes.drain(..first_newline);
+    }
+    Ok(bytes)
+}
+
+/// The text of CRI-format log lines (`<time> <stream> <F|P> <text>`); partial lines are joined.
+pub(super) fn cri_log_text(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (Some(_), Some(_), Some(tag)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        out.push_str(parts.next().unwrap_or_default());
+        if tag != "P" {
+            out.push('\n');
+        }
+    }
+    out.trim_end().to_owned()
+}
+
 /// Groups listed sandboxes and containers into pods by their pod-uid label.
 pub(super) fn group_pods(
     sandboxes: Vec<cri::PodSandbox>,
@@ -257,10 +328,24 @@ impl KubeGenericRuntimeManager {
             })
             .unwrap_or_default();
 
+        let pod_dir = self.helper.pod_dir(uid);
         let mut statuses = Vec::new();
         for status in container_statuses {
             match status {
-                Ok(s) => statuses.push(convert_container_status(s)),
+                Ok(s) => {
+                    let message = if s.state() == cri::ContainerState::ContainerExited
+                        && s.message.is_empty()
+                    {
+                        termination_message(&pod_dir, &s).await
+                    } else {
+                        None
+                    };
+                    let mut converted = convert_container_status(s);
+                    if let Some(message) = message {
+                        converted.message = message;
+                    }
+                    statuses.push(converted);
+                }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
             }
@@ -368,6 +453,54 @@ mod tests {
             ..status
         });
         assert_eq!(ok.reason, "Completed");
+    }
+
+    #[test]
+    fn cri_log_lines_become_text() {
+        let log = b"2026-01-01T00:00:00Z stdout F first\n\
+2026-01-01T00:00:00Z stderr P par\n\
+2026-01-01T00:00:00Z stderr F tial\n";
+        assert_eq!(cri_log_text(log), "first\npartial");
+    }
+
+    #[tokio::test]
+    async fn termination_message_comes_from_the_file_or_the_log_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        let lines = (0..200)
+            .map(|i| format!("2026-01-01T00:00:00Z stdout F line {i}"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&log, lines).unwrap();
+        let mut status = cri::ContainerStatus {
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            exit_code: 1,
+            log_path: log.to_string_lossy().into_owned(),
+            annotations: HashMap::from([(
+                labels::TERMINATION_MESSAGE_POLICY.into(),
+                "FallbackToLogsOnError".into(),
+            )]),
+            ..cri::ContainerStatus::default()
+        };
+        let tail = termination_message(dir.path(), &status).await.unwrap();
+        assert!(tail.ends_with("line 199"), "{tail}");
+        assert!(tail.starts_with("line "), "starts at a whole line: {tail}");
+        assert!(tail.len() <= 2048);
+
+        let file = termination_message_file(dir.path(), "app", 0);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "bye").unwrap();
+        assert_eq!(
+            termination_message(dir.path(), &status).await.unwrap(),
+            "bye"
+        );
+
+        std::fs::remove_file(&file).unwrap();
+        status.annotations.clear();
+        assert_eq!(termination_message(dir.path(), &status).await, None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use ringlet_proto::runtime::v1 as cri;
 use tokio::time::Instant;
 
 use super::changes::{PodActions, compute_pod_actions};
-use super::container::{ContainerParams, EnvContext, container_config};
+use super::container::{ContainerParams, EnvContext, container_config, termination_message_file};
 use super::images::{PullPolicy, normalize_image, pull_policy};
 use super::sandbox::{host_network, namespace_options, sandbox_config};
 use super::{CriError, KubeGenericRuntimeManager, labels};
@@ -472,10 +472,11 @@ impl KubeGenericRuntimeManager {
             .as_deref()
             .unwrap_or(DEFAULT_TERMINATION_MESSAGE_PATH);
         if !message_path.is_empty() {
-            let dir = ctx.pod_dir.join("containers").join(&container.name);
-            let file = dir.join(restart_count.to_string());
+            let file = termination_message_file(ctx.pod_dir, &container.name, restart_count);
             let created = async {
-                tokio::fs::create_dir_all(&dir).await?;
+                if let Some(dir) = file.parent() {
+                    tokio::fs::create_dir_all(dir).await?;
+                }
                 tokio::fs::write(&file, b"").await
             };
             created.await.map_err(|e| {
