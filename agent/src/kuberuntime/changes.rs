@@ -164,8 +164,90 @@ fn init_progress(pod: &Pod, status: &PodStatus) -> InitProgress {
     InitProgress::Next(0)
 }
 
-/// Decides what the sync must do to move the runtime towards the pod spec.
-pub fn compute_pod_actions(pod: &Pod, status: &PodStatus) -> PodActions {
+/// Fills in the actions for a pod whose sandbox must be (re)created.
+fn plan_new_sandbox(
+    pod: &Pod,
+    status: &PodStatus,
+    policy: RestartPolicy,
+    actions: &mut PodActions,
+) {
+    // A Never pod whose containers already ran is finished: its sandbox is not re-created.
+    if !policy.restarts_on_failure() && actions.attempt != 0 && !status.containers.is_empty() {
+        actions.create_sandbox = false;
+        return;
+    }
+    let to_start: Vec<usize> = containers(pod)
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            !(policy == RestartPolicy::OnFailure && succeeded(status.container(&c.name)))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if to_start.is_empty() {
+        actions.create_sandbox = false;
+    } else if init_containers(pod).is_empty() {
+        actions.containers_to_start = to_start;
+    } else {
+        actions.next_init_container = Some(0);
+    }
+}
+
+/// Which app containers to keep, restart or start; returns how many running ones are kept.
+fn plan_app_containers(
+    pod: &Pod,
+    status: &PodStatus,
+    policy: RestartPolicy,
+    unhealthy: &dyn Fn(&ContainerId) -> Option<String>,
+    actions: &mut PodActions,
+) -> usize {
+    let mut keep = 0;
+    for (i, c) in containers(pod).iter().enumerate() {
+        let current = status.container(&c.name);
+        match current {
+            Some(s) if s.state == ContainerState::Running => {
+                if s.hash != container_hash(c) {
+                    actions.containers_to_kill.push(ContainerToKill {
+                        id: s.id.clone(),
+                        name: c.name.clone(),
+                        message: format!(
+                            "Container {} definition changed, will be restarted",
+                            c.name
+                        ),
+                    });
+                    actions.containers_to_start.push(i);
+                } else if let Some(why) = unhealthy(&s.id) {
+                    actions.containers_to_kill.push(ContainerToKill {
+                        id: s.id.clone(),
+                        name: c.name.clone(),
+                        message: format!("Container {} {why}, will be restarted", c.name),
+                    });
+                    if policy.restarts_on_failure() {
+                        actions.containers_to_start.push(i);
+                    }
+                } else {
+                    keep += 1;
+                }
+            }
+            _ => {
+                if should_restart(current, policy) {
+                    actions.containers_to_start.push(i);
+                }
+            }
+        }
+    }
+
+    keep
+}
+
+/// Decides what the sync must do to move the runtime towards the pod spec. `unhealthy` says why a
+/// running container must be restarted although its spec is unchanged (a failed liveness or startup
+/// probe), or `None`.
+pub fn compute_pod_actions(
+    pod: &Pod,
+    status: &PodStatus,
+    unhealthy: &dyn Fn(&ContainerId) -> Option<String>,
+) -> PodActions {
     let policy = RestartPolicy::of(pod);
     let (create_sandbox, attempt, sandbox_id) = sandbox_changed(pod, status);
     let mut actions = PodActions {
@@ -177,28 +259,7 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus) -> PodActions {
     };
 
     if create_sandbox {
-        // A Never pod whose containers already ran is finished: its sandbox is not re-created.
-        if !policy.restarts_on_failure() && attempt != 0 && !status.containers.is_empty() {
-            actions.create_sandbox = false;
-            return actions;
-        }
-        let to_start: Vec<usize> = containers(pod)
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| {
-                !(policy == RestartPolicy::OnFailure && succeeded(status.container(&c.name)))
-            })
-            .map(|(i, _)| i)
-            .collect();
-        if to_start.is_empty() {
-            actions.create_sandbox = false;
-            return actions;
-        }
-        if init_containers(pod).is_empty() {
-            actions.containers_to_start = to_start;
-        } else {
-            actions.next_init_container = Some(0);
-        }
+        plan_new_sandbox(pod, status, policy, &mut actions);
         return actions;
     }
 
@@ -224,32 +285,7 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodStatus) -> PodActions {
         }
     }
 
-    let mut keep = 0;
-    for (i, c) in containers(pod).iter().enumerate() {
-        let current = status.container(&c.name);
-        match current {
-            Some(s) if s.state == ContainerState::Running => {
-                if s.hash == container_hash(c) {
-                    keep += 1;
-                } else {
-                    actions.containers_to_kill.push(ContainerToKill {
-                        id: s.id.clone(),
-                        name: c.name.clone(),
-                        message: format!(
-                            "Container {} definition changed, will be restarted",
-                            c.name
-                        ),
-                    });
-                    actions.containers_to_start.push(i);
-                }
-            }
-            _ => {
-                if should_restart(current, policy) {
-                    actions.containers_to_start.push(i);
-                }
-            }
-        }
-    }
+    let keep = plan_app_containers(pod, status, policy, unhealthy, &mut actions);
 
     // Running containers the spec no longer names (only the newest instance of a name can run).
     let known = |name: &str| {
@@ -277,6 +313,10 @@ mod tests {
     use super::*;
     use crate::container::{PodUid, SandboxStatus};
     use k8s_openapi::api::core::v1::PodSpec;
+
+    fn healthy(_: &ContainerId) -> Option<String> {
+        None
+    }
 
     fn container(name: &str) -> Container {
         Container {
@@ -342,7 +382,11 @@ mod tests {
 
     #[test]
     fn a_new_pod_gets_a_sandbox_and_all_containers() {
-        let a = compute_pod_actions(&pod("Always", &[], &["a", "b"]), &PodStatus::default());
+        let a = compute_pod_actions(
+            &pod("Always", &[], &["a", "b"]),
+            &PodStatus::default(),
+            &healthy,
+        );
         assert!(a.create_sandbox);
         assert_eq!(a.attempt, 0);
         assert_eq!(a.containers_to_start, [0, 1]);
@@ -350,7 +394,11 @@ mod tests {
 
     #[test]
     fn a_new_pod_with_init_containers_starts_the_first_init_only() {
-        let a = compute_pod_actions(&pod("Always", &["i1", "i2"], &["a"]), &PodStatus::default());
+        let a = compute_pod_actions(
+            &pod("Always", &["i1", "i2"], &["a"]),
+            &PodStatus::default(),
+            &healthy,
+        );
         assert!(a.create_sandbox);
         assert_eq!(a.next_init_container, Some(0));
         assert!(a.containers_to_start.is_empty());
@@ -362,7 +410,7 @@ mod tests {
             vec![sandbox("s1", SandboxState::NotReady, 2)],
             vec![status_of("a", ContainerState::Exited, 137)],
         );
-        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s);
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy);
         assert!(a.kill_pod && a.create_sandbox);
         assert_eq!(a.attempt, 3);
     }
@@ -373,7 +421,7 @@ mod tests {
             vec![sandbox("s1", SandboxState::NotReady, 0)],
             vec![status_of("a", ContainerState::Exited, 1)],
         );
-        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s);
+        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy);
         assert!(!a.create_sandbox);
         assert!(a.containers_to_start.is_empty());
     }
@@ -384,19 +432,19 @@ mod tests {
             vec![sandbox("s1", SandboxState::NotReady, 0)],
             vec![status_of("a", ContainerState::Exited, 0)],
         );
-        assert!(!compute_pod_actions(&pod("OnFailure", &[], &["a"]), &s).create_sandbox);
+        assert!(!compute_pod_actions(&pod("OnFailure", &[], &["a"]), &s, &healthy).create_sandbox);
     }
 
     #[test]
     fn init_containers_run_one_at_a_time_in_order() {
         let p = pod("Always", &["i1", "i2"], &["a"]);
         let running = status(ready(), vec![status_of("i1", ContainerState::Running, 0)]);
-        let a = compute_pod_actions(&p, &running);
+        let a = compute_pod_actions(&p, &running, &healthy);
         assert_eq!(a.next_init_container, None);
         assert!(a.containers_to_start.is_empty());
         let first_done = status(ready(), vec![status_of("i1", ContainerState::Exited, 0)]);
         assert_eq!(
-            compute_pod_actions(&p, &first_done).next_init_container,
+            compute_pod_actions(&p, &first_done, &healthy).next_init_container,
             Some(1)
         );
         let all_done = status(
@@ -406,7 +454,7 @@ mod tests {
                 status_of("i1", ContainerState::Exited, 0),
             ],
         );
-        let a = compute_pod_actions(&p, &all_done);
+        let a = compute_pod_actions(&p, &all_done, &healthy);
         assert_eq!(a.next_init_container, None);
         assert_eq!(a.containers_to_start, [0]);
     }
@@ -414,7 +462,7 @@ mod tests {
     #[test]
     fn a_failed_init_container_fails_a_never_pod_and_is_retried_otherwise() {
         let failed = status(ready(), vec![status_of("i1", ContainerState::Exited, 3)]);
-        let a = compute_pod_actions(&pod("Never", &["i1"], &["a"]), &failed);
+        let a = compute_pod_actions(&pod("Never", &["i1"], &["a"]), &failed, &healthy);
         assert!(a.kill_pod);
         assert_eq!(
             a.init_failed,
@@ -424,7 +472,7 @@ mod tests {
             })
         );
         assert!(a.containers_to_start.is_empty() && a.next_init_container.is_none());
-        let a = compute_pod_actions(&pod("OnFailure", &["i1"], &["a"]), &failed);
+        let a = compute_pod_actions(&pod("OnFailure", &["i1"], &["a"]), &failed, &healthy);
         assert_eq!(a.next_init_container, Some(0));
         assert!(a.init_failed.is_none());
     }
@@ -441,14 +489,14 @@ mod tests {
         );
         let apps = ["ok", "bad", "run"];
         assert_eq!(
-            compute_pod_actions(&pod("Always", &[], &apps), &s).containers_to_start,
+            compute_pod_actions(&pod("Always", &[], &apps), &s, &healthy).containers_to_start,
             [0, 1]
         );
         assert_eq!(
-            compute_pod_actions(&pod("OnFailure", &[], &apps), &s).containers_to_start,
+            compute_pod_actions(&pod("OnFailure", &[], &apps), &s, &healthy).containers_to_start,
             [1]
         );
-        let never = compute_pod_actions(&pod("Never", &[], &apps), &s);
+        let never = compute_pod_actions(&pod("Never", &[], &apps), &s, &healthy);
         assert!(never.containers_to_start.is_empty());
         assert!(!never.kill_pod, "a running container keeps the pod alive");
     }
@@ -456,7 +504,7 @@ mod tests {
     #[test]
     fn a_pod_with_nothing_left_to_run_is_killed() {
         let s = status(ready(), vec![status_of("a", ContainerState::Exited, 0)]);
-        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s);
+        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy);
         assert!(a.kill_pod && !a.create_sandbox);
     }
 
@@ -465,7 +513,7 @@ mod tests {
         let p = pod("Always", &[], &["a"]);
         let same = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
         assert_eq!(
-            compute_pod_actions(&p, &same),
+            compute_pod_actions(&p, &same, &healthy),
             PodActions {
                 sandbox_id: Some(SandboxId::from("s1")),
                 ..PodActions::default()
@@ -473,7 +521,7 @@ mod tests {
         );
         let mut old = status_of("a", ContainerState::Running, 0);
         old.hash = "0000".into();
-        let a = compute_pod_actions(&p, &status(ready(), vec![old]));
+        let a = compute_pod_actions(&p, &status(ready(), vec![old]), &healthy);
         assert_eq!(a.containers_to_kill.len(), 1);
         assert_eq!(a.containers_to_kill[0].id, ContainerId::from("id-a"));
         assert_eq!(a.containers_to_start, [0]);
@@ -488,7 +536,7 @@ mod tests {
                 status_of("gone", ContainerState::Running, 0),
             ],
         );
-        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s);
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy);
         assert_eq!(a.containers_to_kill.len(), 1);
         assert_eq!(a.containers_to_kill[0].name, "gone");
     }
@@ -500,8 +548,77 @@ mod tests {
             spec.host_network = Some(true);
         }
         let s = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
-        let a = compute_pod_actions(&p, &s);
+        let a = compute_pod_actions(&p, &s, &healthy);
         assert!(a.create_sandbox);
         assert_eq!(a.attempt, 1);
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+    use crate::container::{PodUid, SandboxStatus};
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn pod(policy: &str) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                containers: vec![Container {
+                    name: "a".into(),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn running() -> PodStatus {
+        PodStatus {
+            uid: PodUid::from("u"),
+            sandboxes: vec![SandboxStatus {
+                id: SandboxId::from("s"),
+                state: SandboxState::Ready,
+                created_at: 1,
+                attempt: 0,
+                ip: Some("10.88.0.2".into()),
+                host_network: false,
+            }],
+            containers: vec![ContainerStatus {
+                id: ContainerId::from("c"),
+                name: "a".into(),
+                state: ContainerState::Running,
+                created_at: 1,
+                started_at: 1,
+                finished_at: 0,
+                exit_code: 0,
+                image: String::new(),
+                image_ref: String::new(),
+                hash: container_hash(&Container {
+                    name: "a".into(),
+                    ..Container::default()
+                }),
+                restart_count: 0,
+                reason: String::new(),
+                message: String::new(),
+            }],
+            ..PodStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_liveness_probe_restarts_the_container_unless_never() {
+        let unhealthy = |_: &ContainerId| Some("failed liveness probe".to_owned());
+        let a = compute_pod_actions(&pod("Always"), &running(), &unhealthy);
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Container a failed liveness probe, will be restarted"
+        );
+        assert_eq!(a.containers_to_start, [0]);
+        let a = compute_pod_actions(&pod("Never"), &running(), &unhealthy);
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert!(a.containers_to_start.is_empty());
     }
 }

@@ -19,6 +19,10 @@ use crate::container::RuntimeError;
 /// The CRI version the client speaks, sent in `Version`.
 const CRI_VERSION: &str = "v1";
 
+/// Pulls legitimately outlast the ordinary request timeout (upstream gives them no deadline at all);
+/// this only keeps a wedged pull from holding a pod worker forever.
+const MIN_PULL_TIMEOUT: Duration = Duration::from_mins(15);
+
 /// Why a CRI call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CriError {
@@ -360,7 +364,7 @@ impl CriClient {
         Ok(response.image)
     }
 
-    /// Pulls an image; returns the runtime's reference to it.
+    /// Pulls an image; returns the runtime's reference to it. Bounded by at least 15 minutes.
     pub async fn pull_image(
         &self,
         image: &str,
@@ -371,7 +375,14 @@ impl CriClient {
             auth: None,
             sandbox_config,
         };
-        let response = call!(self, images, pull_image, "PullImage", request)?;
+        let response = call!(
+            self,
+            images,
+            pull_image,
+            "PullImage",
+            request,
+            self.timeout.max(MIN_PULL_TIMEOUT)
+        )?;
         Ok(response.image_ref)
     }
 

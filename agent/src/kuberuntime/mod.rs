@@ -28,8 +28,8 @@ pub use backoff::BackOff;
 pub use cri::{CriClient, CriError};
 
 use crate::container::{
-    PodStatus, PodSyncResult, PodUid, RunningPod, Runtime, RuntimeCondition, RuntimeError,
-    RuntimeStatus,
+    ContainerId, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime, RuntimeCondition,
+    RuntimeError, RuntimeStatus,
 };
 use crate::events::{EventType, Recorder};
 
@@ -52,6 +52,12 @@ pub trait RuntimeHelper: Send + Sync {
 
     /// The node's IP, for `status.hostIP` references and the pod IP of host-network pods.
     fn host_ip(&self) -> Option<String> {
+        None
+    }
+
+    /// Why a running container must be restarted although its spec is unchanged, e.g.
+    /// `failed liveness probe` (the prober's verdict); `None` keeps it running.
+    fn restart_reason(&self, _container: &ContainerId) -> Option<String> {
         None
     }
 }

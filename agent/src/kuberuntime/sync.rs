@@ -126,7 +126,7 @@ impl KubeGenericRuntimeManager {
             ));
             return result;
         }
-        let actions = compute_pod_actions(pod, status);
+        let actions = compute_pod_actions(pod, status, &|id| self.helper.restart_reason(id));
         tracing::debug!(pod = pod_name(pod), ?actions, "computed pod actions");
 
         if actions.kill_pod {
