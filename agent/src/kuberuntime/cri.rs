@@ -54,10 +54,11 @@ pub enum CriError {
 }
 
 impl CriError {
-    fn from_status(call: &'static str, status: &Status) -> Self {
+    fn from_status(call: &'static str, status: &Status, timeout: Duration) -> Self {
         let message = status.message().to_owned();
         match status.code() {
             Code::Unavailable => Self::Unavailable { call, message },
+            Code::DeadlineExceeded => Self::Timeout { call, timeout },
             Code::NotFound => Self::NotFound { call, message },
             Code::Unimplemented => Self::Unimplemented { call, message },
             code => Self::Call {
@@ -135,7 +136,7 @@ macro_rules! call {
         let timeout = $timeout;
         match tokio::time::timeout(timeout, client.$method($request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(CriError::from_status($name, &status)),
+            Ok(Err(status)) => Err(CriError::from_status($name, &status, timeout)),
             Err(_) => Err(CriError::Timeout {
                 call: $name,
                 timeout,
@@ -438,16 +439,26 @@ mod tests {
 
     #[test]
     fn status_codes_map_to_kinds_naming_the_call() {
-        let err = CriError::from_status("RunPodSandbox", &Status::unavailable("down"));
+        let t = Duration::from_secs(1);
+        let err = CriError::from_status("RunPodSandbox", &Status::unavailable("down"), t);
         assert_eq!(
             err.to_string(),
             "CRI call RunPodSandbox failed: runtime unavailable: down"
         );
         assert!(
-            CriError::from_status("GetContainerEvents", &Status::unimplemented("x"))
+            CriError::from_status("GetContainerEvents", &Status::unimplemented("x"), t)
                 .is_unimplemented()
         );
-        assert!(CriError::from_status("ContainerStatus", &Status::not_found("x")).is_not_found());
+        assert!(
+            CriError::from_status("ContainerStatus", &Status::not_found("x"), t).is_not_found()
+        );
+        assert!(matches!(
+            CriError::from_status("StopContainer", &Status::deadline_exceeded("x"), t),
+            CriError::Timeout {
+                call: "StopContainer",
+                ..
+            }
+        ));
         let runtime: RuntimeError = CriError::Timeout {
             call: "ListContainers",
             timeout: Duration::from_secs(2),
