@@ -1,1 +1,212 @@
-//! (being written)
+//! The CRI-backed container runtime (the kubelet's `pkg/kubelet/kuberuntime`):
+//! `KubeGenericRuntimeManager` implements `container::Runtime` over a `CriClient`, creating sandboxes
+//! and containers from pod specs, reading their status back, stopping pods and collecting garbage.
+//! The decisions of a sync live in `changes` (pure); the CRI conversions in `sandbox` / `container`.
+
+pub mod backoff;
+pub mod changes;
+pub mod container;
+pub mod cri;
+mod gc;
+pub mod images;
+pub mod labels;
+pub mod sandbox;
+#[cfg(test)]
+mod smoke_tests;
+mod status;
+mod sync;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+
+pub use backoff::BackOff;
+pub use cri::{CriClient, CriError};
+
+use crate::container::{
+    ContainerId, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime, RuntimeCondition,
+    RuntimeError, RuntimeStatus,
+};
+use crate::events::{EventType, Recorder};
+
+/// What the runtime manager needs from the rest of the agent (the kubelet's `RuntimeHelper`).
+pub trait RuntimeHelper: Send + Sync {
+    /// Absolute cgroupfs parent of the pod's sandbox and containers, e.g.
+    /// `/kubepods/burstable/pod<uid>`; the caller has created it before the sync.
+    fn pod_cgroup_parent(&self, pod: &Pod) -> String;
+
+    /// The pod's data directory (`<root-dir>/pods/<uid>`); volumes live under it.
+    fn pod_dir(&self, uid: &PodUid) -> PathBuf;
+
+    /// The node name, for `spec.nodeName` references of pods that do not set it.
+    fn node_name(&self) -> &str;
+
+    /// Directory of the pod's container logs: `/var/log/pods/<namespace>_<name>_<uid>`.
+    fn pod_log_dir(&self, namespace: &str, name: &str, uid: &PodUid) -> PathBuf {
+        PathBuf::from(format!("/var/log/pods/{namespace}_{name}_{uid}"))
+    }
+
+    /// The node's IP, for `status.hostIP` references and the pod IP of host-network pods.
+    fn host_ip(&self) -> Option<String> {
+        None
+    }
+
+    /// Why a running container must be restarted although its spec is unchanged, e.g.
+    /// `failed liveness probe` (the prober's verdict); `None` keeps it running.
+    fn restart_reason(&self, _container: &ContainerId) -> Option<String> {
+        None
+    }
+}
+
+/// Settings of the runtime manager (from the agent's configuration).
+#[derive(Clone, Debug)]
+pub struct RuntimeSettings {
+    /// Enforce CPU limits with CFS quota (`cpuCFSQuota`).
+    pub cpu_cfs_quota: bool,
+    /// Node memory, for the OOM score of Burstable containers; 0 when unknown.
+    pub memory_capacity_bytes: u64,
+    /// `RuntimeClass` handler for new sandboxes; empty selects the runtime's default.
+    pub runtime_handler: String,
+    /// Crash-loop and image-pull back-off: initial delay, cap and quiet time before a reset.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub backoff_reset: Duration,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        Self {
+            cpu_cfs_quota: true,
+            memory_capacity_bytes: 0,
+            runtime_handler: String::new(),
+            backoff_initial: backoff::INITIAL,
+            backoff_max: backoff::MAX,
+            backoff_reset: backoff::RESET_AFTER,
+        }
+    }
+}
+
+/// The CRI runtime manager. Cheap to share behind an `Arc`; all methods take `&self`.
+pub struct KubeGenericRuntimeManager {
+    cri: CriClient,
+    helper: Arc<dyn RuntimeHelper>,
+    recorder: Recorder,
+    settings: RuntimeSettings,
+    /// Crash-loop back-off per `<pod uid>/<container name>`.
+    crash_backoff: BackOff,
+    /// Image-pull back-off per `<pod uid>/<image>`.
+    image_backoff: BackOff,
+}
+
+impl KubeGenericRuntimeManager {
+    pub fn new(
+        cri: CriClient,
+        helper: Arc<dyn RuntimeHelper>,
+        recorder: Recorder,
+        settings: RuntimeSettings,
+    ) -> Self {
+        let backoff = || {
+            BackOff::new(
+                settings.backoff_initial,
+                settings.backoff_max,
+                settings.backoff_reset,
+            )
+        };
+        Self {
+            crash_backoff: backoff(),
+            image_backoff: backoff(),
+            cri,
+            helper,
+            recorder,
+            settings,
+        }
+    }
+
+    /// The underlying CRI client (for exec probes, logs and image GC).
+    pub fn cri(&self) -> &CriClient {
+        &self.cri
+    }
+
+    /// Drops the back-off state of a pod that is gone.
+    pub fn forget_pod(&self, uid: &PodUid) {
+        let prefix = format!("{uid}/");
+        self.crash_backoff.forget_prefix(&prefix);
+        self.image_backoff.forget_prefix(&prefix);
+    }
+
+    fn event(&self, pod: &Pod, event_type: EventType, reason: &str, message: String) {
+        let meta = &pod.metadata;
+        let object = format!(
+            "pod/{}/{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        );
+        self.recorder.event(event_type, object, reason, message);
+    }
+}
+
+#[async_trait]
+impl Runtime for KubeGenericRuntimeManager {
+    async fn version(&self) -> Result<String, RuntimeError> {
+        let v = self.cri.version().await?;
+        Ok(format!("{} {}", v.runtime_name, v.runtime_version))
+    }
+
+    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+        let status = self.cri.status().await?;
+        Ok(RuntimeStatus {
+            conditions: status
+                .conditions
+                .into_iter()
+                .map(|c| RuntimeCondition {
+                    kind: c.r#type,
+                    status: c.status,
+                    reason: c.reason,
+                    message: c.message,
+                })
+                .collect(),
+        })
+    }
+
+    async fn get_pods(&self, all: bool) -> Result<Vec<RunningPod>, RuntimeError> {
+        Ok(self.list_pods(all).await?)
+    }
+
+    async fn get_pod_status(
+        &self,
+        uid: &PodUid,
+        name: &str,
+        namespace: &str,
+    ) -> Result<PodStatus, RuntimeError> {
+        Ok(self.pod_status(uid, name, namespace).await?)
+    }
+
+    async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult {
+        Box::pin(self.sync(pod, status)).await
+    }
+
+    async fn kill_pod(
+        &self,
+        pod: Option<&Pod>,
+        running: &RunningPod,
+        grace_period_override: Option<i64>,
+    ) -> Result<(), RuntimeError> {
+        Ok(self
+            .kill_running_pod(pod, running, grace_period_override)
+            .await?)
+    }
+
+    async fn garbage_collect(
+        &self,
+        max_per_pod_container: usize,
+        active_pods: &HashSet<PodUid>,
+    ) -> Result<(), RuntimeError> {
+        Ok(self
+            .collect_garbage(max_per_pod_container, active_pods)
+            .await?)
+    }
+}

@@ -1,1 +1,499 @@
-//! (being written)
+//! Pod volumes (the kubelet's `pkg/kubelet/volumemanager` with the `pkg/volume/empty_dir` and
+//! `pkg/volume/host_path` plugins, done synchronously): creates a pod's `emptyDir` directories,
+//! checks its `hostPath` volumes against their `type`, turns a container's `volumeMounts` into CRI
+//! mounts, and removes the pod's volume directories when the pod is gone.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, HostPathVolumeSource, Pod, Volume};
+use ringlet_proto::runtime::v1::{Mount, MountPropagation};
+
+/// Directory of emptyDir volumes under a pod's directory.
+const EMPTY_DIR_PLUGIN_DIR: &str = "volumes/kubernetes.io~empty-dir";
+
+/// Why a pod's volumes could not be prepared or mounted.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volume {volume:?}: {kind} volumes are not supported by this agent")]
+    Unsupported { volume: String, kind: &'static str },
+    #[error("volume {volume:?} has no source")]
+    NoSource { volume: String },
+    #[error(
+        "volume {volume:?}: emptyDir medium {medium:?} is not supported (only the default disk medium)"
+    )]
+    UnsupportedMedium { volume: String, medium: String },
+    #[error("volume {volume:?}: hostPath type {kind:?} is not valid")]
+    InvalidHostPathType { volume: String, kind: String },
+    #[error("volume {volume:?}: hostPath {path} is not {expected}")]
+    HostPathTypeMismatch {
+        volume: String,
+        path: PathBuf,
+        expected: &'static str,
+    },
+    #[error("volume {volume:?}: hostPath {path:?} must be an absolute path")]
+    RelativeHostPath { volume: String, path: String },
+    #[error("volume {volume:?}: preparing {path}")]
+    Io {
+        volume: String,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("container {container:?} mounts volume {volume:?}, which the pod does not define")]
+    UnknownVolume { container: String, volume: String },
+    #[error(
+        "container {container:?} mounts volume {volume:?} with subPath, which is not supported"
+    )]
+    SubPathUnsupported { container: String, volume: String },
+    #[error(
+        "container {container:?} mounts volume {volume:?} at {path:?}: mountPath must be absolute"
+    )]
+    RelativeMountPath {
+        container: String,
+        volume: String,
+        path: String,
+    },
+    #[error(
+        "container {container:?} mounts volume {volume:?} with invalid mountPropagation {value:?}"
+    )]
+    InvalidPropagation {
+        container: String,
+        volume: String,
+        value: String,
+    },
+    #[error("removing the volumes of the pod at {path}")]
+    Cleanup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The host paths of a pod's prepared volumes, by volume name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodVolumes {
+    host_paths: HashMap<String, PathBuf>,
+}
+
+/// Where an emptyDir volume lives: `<pod_dir>/volumes/kubernetes.io~empty-dir/<name>`.
+pub fn empty_dir_path(pod_dir: &Path, name: &str) -> PathBuf {
+    pod_dir.join(EMPTY_DIR_PLUGIN_DIR).join(name)
+}
+
+/// Prepares every volume of the pod: creates emptyDir directories (idempotent, contents are kept
+/// across container restarts) and checks or creates hostPaths per their `type`.
+pub fn setup_pod_volumes(pod: &Pod, pod_dir: &Path) -> Result<PodVolumes, VolumeError> {
+    let mut host_paths = HashMap::new();
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    for volume in volumes {
+        let path = setup_volume(volume, pod_dir)?;
+        host_paths.insert(volume.name.clone(), path);
+    }
+    Ok(PodVolumes { host_paths })
+}
+
+fn setup_volume(volume: &Volume, pod_dir: &Path) -> Result<PathBuf, VolumeError> {
+    let name = &volume.name;
+    if let Some(empty_dir) = &volume.empty_dir {
+        match empty_dir.medium.as_deref() {
+            None | Some("") => {}
+            Some(medium) => {
+                return Err(VolumeError::UnsupportedMedium {
+                    volume: name.clone(),
+                    medium: medium.to_owned(),
+                });
+            }
+        }
+        let path = empty_dir_path(pod_dir, name);
+        // World-writable like upstream, so non-root containers can use the volume.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o777)
+            .create(&path)
+            .map_err(|source| io_error(name, &path, source))?;
+        set_mode(&path, 0o777).map_err(|source| io_error(name, &path, source))?;
+        return Ok(path);
+    }
+    if let Some(host_path) = &volume.host_path {
+        return setup_host_path(name, host_path);
+    }
+    Err(unsupported_kind(volume).map_or_else(
+        || VolumeError::NoSource {
+            volume: name.clone(),
+        },
+        |kind| VolumeError::Unsupported {
+            volume: name.clone(),
+            kind,
+        },
+    ))
+}
+
+fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+fn io_error(volume: &str, path: &Path, source: io::Error) -> VolumeError {
+    VolumeError::Io {
+        volume: volume.to_owned(),
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn setup_host_path(name: &str, source: &HostPathVolumeSource) -> Result<PathBuf, VolumeError> {
+    let path = PathBuf::from(&source.path);
+    if !path.is_absolute() {
+        return Err(VolumeError::RelativeHostPath {
+            volume: name.to_owned(),
+            path: source.path.clone(),
+        });
+    }
+    let mismatch = |expected| VolumeError::HostPathTypeMismatch {
+        volume: name.to_owned(),
+        path: path.clone(),
+        expected,
+    };
+    let file_type = fs::metadata(&path).ok().map(|m| m.file_type());
+    match source.type_.as_deref().unwrap_or_default() {
+        "" => {}
+        "DirectoryOrCreate" => match file_type {
+            Some(t) if t.is_dir() => {}
+            Some(_) => return Err(mismatch("a directory")),
+            None => fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&path)
+                .map_err(|e| io_error(name, &path, e))?,
+        },
+        "Directory" => {
+            if !file_type.is_some_and(|t| t.is_dir()) {
+                return Err(mismatch("an existing directory"));
+            }
+        }
+        "FileOrCreate" => match file_type {
+            Some(t) if t.is_file() => {}
+            Some(_) => return Err(mismatch("a regular file")),
+            None => {
+                fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o644)
+                    .open(&path)
+                    .map_err(|e| io_error(name, &path, e))?;
+            }
+        },
+        "File" => {
+            if !file_type.is_some_and(|t| t.is_file()) {
+                return Err(mismatch("an existing regular file"));
+            }
+        }
+        "Socket" => {
+            if !file_type.is_some_and(|t| t.is_socket()) {
+                return Err(mismatch("an existing unix socket"));
+            }
+        }
+        "CharDevice" => {
+            if !file_type.is_some_and(|t| t.is_char_device()) {
+                return Err(mismatch("an existing character device"));
+            }
+        }
+        "BlockDevice" => {
+            if !file_type.is_some_and(|t| t.is_block_device()) {
+                return Err(mismatch("an existing block device"));
+            }
+        }
+        other => {
+            return Err(VolumeError::InvalidHostPathType {
+                volume: name.to_owned(),
+                kind: other.to_owned(),
+            });
+        }
+    }
+    Ok(path)
+}
+
+/// The kind of a volume source this agent does not implement, by its field name.
+fn unsupported_kind(volume: &Volume) -> Option<&'static str> {
+    let kinds: [(&'static str, bool); 8] = [
+        ("configMap", volume.config_map.is_some()),
+        ("secret", volume.secret.is_some()),
+        ("projected", volume.projected.is_some()),
+        ("downwardAPI", volume.downward_api.is_some()),
+        (
+            "persistentVolumeClaim",
+            volume.persistent_volume_claim.is_some(),
+        ),
+        ("nfs", volume.nfs.is_some()),
+        ("csi", volume.csi.is_some()),
+        ("ephemeral", volume.ephemeral.is_some()),
+    ];
+    kinds
+        .into_iter()
+        .find_map(|(kind, set)| set.then_some(kind))
+        .or_else(|| {
+            // Any other source the API has; named generically.
+            let json = serde_json::to_value(volume).ok()?;
+            json.as_object()?
+                .keys()
+                .any(|k| k != "name")
+                .then_some("this kind of")
+        })
+}
+
+impl PodVolumes {
+    /// The host path of a prepared volume.
+    pub fn host_path(&self, volume: &str) -> Option<&Path> {
+        self.host_paths.get(volume).map(PathBuf::as_path)
+    }
+
+    /// The CRI mounts for a container's `volumeMounts`.
+    pub fn mounts_for(&self, container: &Container) -> Result<Vec<Mount>, VolumeError> {
+        container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|mount| {
+                let err_ctx = || (container.name.clone(), mount.name.clone());
+                let Some(host_path) = self.host_paths.get(&mount.name) else {
+                    let (container, volume) = err_ctx();
+                    return Err(VolumeError::UnknownVolume { container, volume });
+                };
+                let has_sub_path = mount.sub_path.as_deref().is_some_and(|p| !p.is_empty())
+                    || mount
+                        .sub_path_expr
+                        .as_deref()
+                        .is_some_and(|p| !p.is_empty());
+                if has_sub_path {
+                    let (container, volume) = err_ctx();
+                    return Err(VolumeError::SubPathUnsupported { container, volume });
+                }
+                if !mount.mount_path.starts_with('/') {
+                    let (container, volume) = err_ctx();
+                    return Err(VolumeError::RelativeMountPath {
+                        container,
+                        volume,
+                        path: mount.mount_path.clone(),
+                    });
+                }
+                let propagation = match mount.mount_propagation.as_deref() {
+                    None | Some("" | "None") => MountPropagation::PropagationPrivate,
+                    Some("HostToContainer") => MountPropagation::PropagationHostToContainer,
+                    Some("Bidirectional") => MountPropagation::PropagationBidirectional,
+                    Some(other) => {
+                        let (container, volume) = err_ctx();
+                        return Err(VolumeError::InvalidPropagation {
+                            container,
+                            volume,
+                            value: other.to_owned(),
+                        });
+                    }
+                };
+                Ok(Mount {
+                    container_path: mount.mount_path.clone(),
+                    host_path: host_path.to_string_lossy().into_owned(),
+                    readonly: mount.read_only.unwrap_or(false),
+                    propagation: propagation.into(),
+                    ..Mount::default()
+                })
+            })
+            .collect()
+    }
+}
+
+/// Removes the pod's volume directories (`<pod_dir>/volumes`); host paths are never touched. A pod
+/// without volumes is fine.
+pub fn cleanup_pod_volumes(pod_dir: &Path) -> Result<(), VolumeError> {
+    let path = pod_dir.join("volumes");
+    match fs::remove_dir_all(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(VolumeError::Cleanup { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ConfigMapVolumeSource, EmptyDirVolumeSource, PodSpec, VolumeMount,
+    };
+
+    fn pod(volumes: Vec<Volume>) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                volumes: Some(volumes),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn empty_dir(name: &str) -> Volume {
+        Volume {
+            name: name.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        }
+    }
+
+    fn host_path(name: &str, path: &Path, kind: &str) -> Volume {
+        Volume {
+            name: name.into(),
+            host_path: Some(HostPathVolumeSource {
+                path: path.to_string_lossy().into_owned(),
+                type_: Some(kind.into()),
+            }),
+            ..Volume::default()
+        }
+    }
+
+    fn mounting(mounts: Vec<VolumeMount>) -> Container {
+        Container {
+            name: "c".into(),
+            volume_mounts: Some(mounts),
+            ..Container::default()
+        }
+    }
+
+    fn mount(name: &str, path: &str) -> VolumeMount {
+        VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            ..VolumeMount::default()
+        }
+    }
+
+    #[test]
+    fn empty_dir_is_created_under_the_pod_dir_and_mounted() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = setup_pod_volumes(&pod(vec![empty_dir("cache")]), dir.path()).unwrap();
+        let expected = dir.path().join("volumes/kubernetes.io~empty-dir/cache");
+        assert!(expected.is_dir());
+        let mut m = mount("cache", "/cache");
+        m.read_only = Some(true);
+        let mounts = volumes.mounts_for(&mounting(vec![m])).unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].host_path, expected.to_string_lossy());
+        assert_eq!(mounts[0].container_path, "/cache");
+        assert!(mounts[0].readonly);
+        cleanup_pod_volumes(dir.path()).unwrap();
+        assert!(!expected.exists());
+        cleanup_pod_volumes(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn memory_medium_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = empty_dir("m");
+        v.empty_dir = Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            ..EmptyDirVolumeSource::default()
+        });
+        let err = setup_pod_volumes(&pod(vec![v]), dir.path()).unwrap_err();
+        assert!(
+            matches!(err, VolumeError::UnsupportedMedium { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn host_path_types_are_checked_and_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let new_dir = dir.path().join("made");
+        let new_file = dir.path().join("file");
+        setup_pod_volumes(
+            &pod(vec![
+                host_path("a", &new_dir, "DirectoryOrCreate"),
+                host_path("b", &new_file, "FileOrCreate"),
+            ]),
+            dir.path(),
+        )
+        .unwrap();
+        assert!(new_dir.is_dir());
+        assert!(new_file.is_file());
+        setup_pod_volumes(
+            &pod(vec![
+                host_path("a", &new_dir, "Directory"),
+                host_path("b", &new_file, "File"),
+                host_path("c", &dir.path().join("anything"), ""),
+            ]),
+            dir.path(),
+        )
+        .unwrap();
+        for (path, kind) in [
+            (&new_file, "Directory"),
+            (&new_dir, "File"),
+            (&new_dir, "Socket"),
+            (&dir.path().join("missing"), "Directory"),
+        ] {
+            let err =
+                setup_pod_volumes(&pod(vec![host_path("x", path, kind)]), dir.path()).unwrap_err();
+            assert!(
+                matches!(err, VolumeError::HostPathTypeMismatch { .. }),
+                "{kind}: {err}"
+            );
+        }
+        let err =
+            setup_pod_volumes(&pod(vec![host_path("x", &new_dir, "Dir")]), dir.path()).unwrap_err();
+        assert!(matches!(err, VolumeError::InvalidHostPathType { .. }));
+    }
+
+    #[test]
+    fn socket_host_path_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        setup_pod_volumes(&pod(vec![host_path("s", &sock, "Socket")]), dir.path()).unwrap();
+    }
+
+    #[test]
+    fn mount_errors_name_the_container_and_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = setup_pod_volumes(&pod(vec![empty_dir("data")]), dir.path()).unwrap();
+        let err = volumes
+            .mounts_for(&mounting(vec![mount("nope", "/x")]))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container \"c\" mounts volume \"nope\", which the pod does not define"
+        );
+        let mut sub = mount("data", "/x");
+        sub.sub_path = Some("a".into());
+        assert!(matches!(
+            volumes.mounts_for(&mounting(vec![sub])),
+            Err(VolumeError::SubPathUnsupported { .. })
+        ));
+        assert!(matches!(
+            volumes.mounts_for(&mounting(vec![mount("data", "rel")])),
+            Err(VolumeError::RelativeMountPath { .. })
+        ));
+    }
+
+    #[test]
+    fn unsupported_sources_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Volume {
+            name: "cm".into(),
+            config_map: Some(ConfigMapVolumeSource::default()),
+            ..Volume::default()
+        };
+        let err = setup_pod_volumes(&pod(vec![v]), dir.path()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "volume \"cm\": configMap volumes are not supported by this agent"
+        );
+        let none = Volume {
+            name: "n".into(),
+            ..Volume::default()
+        };
+        assert!(matches!(
+            setup_pod_volumes(&pod(vec![none]), dir.path()),
+            Err(VolumeError::NoSource { .. })
+        ));
+    }
+}

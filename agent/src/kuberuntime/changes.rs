@@ -1,0 +1,624 @@
+//! What a pod sync has to do, decided from the spec and the runtime's view alone (the kubelet's
+//! `computePodContainerChanges` and `findNextInitContainerToRun`). A pure function, so every decision
+//! is testable without a runtime; back-off and image checks happen later, in the sync itself.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::labels::container_hash;
+use crate::container::{
+    ContainerId, ContainerState, ContainerStatus, PodStatus, SandboxId, SandboxState,
+};
+
+/// A pod's restart policy (`spec.restartPolicy`, default Always).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    /// The pod's policy; an unknown value is treated as the default, Always.
+    pub fn of(pod: &Pod) -> Self {
+        match pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) {
+            Some("Never") => Self::Never,
+            Some("OnFailure") => Self::OnFailure,
+            _ => Self::Always,
+        }
+    }
+
+    fn restarts_on_failure(self) -> bool {
+        self != Self::Never
+    }
+}
+
+/// A running container the sync must stop, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerToKill {
+    pub id: ContainerId,
+    pub name: String,
+    pub message: String,
+}
+
+/// An init container that failed under restartPolicy Never: the pod has failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InitFailure {
+    pub name: String,
+    pub exit_code: i32,
+}
+
+/// The steps of one sync (the kubelet's `podActions`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodActions {
+    /// Stop every container and the sandbox (before re-creating it, or because the pod is done).
+    pub kill_pod: bool,
+    pub create_sandbox: bool,
+    /// The ready sandbox to use when none is created.
+    pub sandbox_id: Option<SandboxId>,
+    /// Attempt number for a new sandbox.
+    pub attempt: u32,
+    /// Index into `spec.initContainers` of the one to start next.
+    pub next_init_container: Option<usize>,
+    pub init_failed: Option<InitFailure>,
+    /// Indexes into `spec.containers`.
+    pub containers_to_start: Vec<usize>,
+    pub containers_to_kill: Vec<ContainerToKill>,
+}
+
+fn init_containers(pod: &Pod) -> &[Container] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+}
+
+fn containers(pod: &Pod) -> &[Container] {
+    pod.spec.as_ref().map_or(&[], |s| s.containers.as_slice())
+}
+
+fn host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+/// Whether the pod needs a new sandbox, with the attempt number and the sandbox to keep otherwise.
+fn sandbox_changed(pod: &Pod, status: &PodStatus) -> (bool, u32, Option<SandboxId>) {
+    let Some(newest) = status.sandboxes.first() else {
+        return (true, 0, None);
+    };
+    let ready = status
+        .sandboxes
+        .iter()
+        .filter(|s| s.state == SandboxState::Ready)
+        .count();
+    let changed = ready != 1
+        || newest.state != SandboxState::Ready
+        || newest.host_network != host_network(pod)
+        || (!newest.host_network && newest.ip.as_deref().is_none_or(str::is_empty));
+    if changed {
+        (true, newest.attempt + 1, Some(newest.id.clone()))
+    } else {
+        (false, newest.attempt, Some(newest.id.clone()))
+    }
+}
+
+fn succeeded(status: Option<&ContainerStatus>) -> bool {
+    status.is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == 0)
+}
+
+/// Whether a container that is not running should be (re)started under `policy`.
+fn should_restart(status: Option<&ContainerStatus>, policy: RestartPolicy) -> bool {
+    let Some(status) = status else {
+        return true;
+    };
+    match status.state {
+        ContainerState::Running => false,
+        // Created but never started (a failed start): it never ran, so try again.
+        ContainerState::Created => true,
+        ContainerState::Unknown => policy != RestartPolicy::Never,
+        ContainerState::Exited => match policy {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => status.exit_code != 0,
+            RestartPolicy::Never => false,
+        },
+    }
+}
+
+/// Where the pod is in its init sequence.
+#[derive(Debug, PartialEq, Eq)]
+enum InitProgress {
+    Done,
+    /// One is running: wait for it.
+    Waiting,
+    Next(usize),
+    Failed(usize),
+}
+
+fn init_progress(pod: &Pod, status: &PodStatus) -> InitProgress {
+    let inits = init_containers(pod);
+    if inits.is_empty() {
+        return InitProgress::Done;
+    }
+    for (i, c) in inits.iter().enumerate().rev() {
+        if let Some(s) = status.container(&c.name) {
+            let failed = (s.state == ContainerState::Exited && s.exit_code != 0)
+                || s.state == ContainerState::Unknown;
+            if failed {
+                return InitProgress::Failed(i);
+            }
+        }
+    }
+    for (i, c) in inits.iter().enumerate().rev() {
+        let Some(s) = status.container(&c.name) else {
+            continue;
+        };
+        return match s.state {
+            ContainerState::Running => InitProgress::Waiting,
+            ContainerState::Created => InitProgress::Next(i),
+            _ if i + 1 == inits.len() => InitProgress::Done,
+            _ => InitProgress::Next(i + 1),
+        };
+    }
+    InitProgress::Next(0)
+}
+
+/// Fills in the actions for a pod whose sandbox must be (re)created.
+fn plan_new_sandbox(
+    pod: &Pod,
+    status: &PodStatus,
+    policy: RestartPolicy,
+    actions: &mut PodActions,
+) {
+    // A Never pod whose containers already ran is finished: its sandbox is not re-created.
+    if !policy.restarts_on_failure() && actions.attempt != 0 && !status.containers.is_empty() {
+        actions.create_sandbox = false;
+        return;
+    }
+    let to_start: Vec<usize> = containers(pod)
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            !(policy == RestartPolicy::OnFailure && succeeded(status.container(&c.name)))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if to_start.is_empty() {
+        actions.create_sandbox = false;
+    } else if init_containers(pod).is_empty() {
+        actions.containers_to_start = to_start;
+    } else {
+        actions.next_init_container = Some(0);
+    }
+}
+
+/// Which app containers to keep, restart or start; returns how many running ones are kept.
+fn plan_app_containers(
+    pod: &Pod,
+    status: &PodStatus,
+    policy: RestartPolicy,
+    unhealthy: &dyn Fn(&ContainerId) -> Option<String>,
+    actions: &mut PodActions,
+) -> usize {
+    let mut keep = 0;
+    for (i, c) in containers(pod).iter().enumerate() {
+        let current = status.container(&c.name);
+        match current {
+            Some(s) if s.state == ContainerState::Running => {
+                if s.hash != container_hash(c) {
+                    actions.containers_to_kill.push(ContainerToKill {
+                        id: s.id.clone(),
+                        name: c.name.clone(),
+                        message: format!(
+                            "Container {} definition changed, will be restarted",
+                            c.name
+                        ),
+                    });
+                    actions.containers_to_start.push(i);
+                } else if let Some(why) = unhealthy(&s.id) {
+                    actions.containers_to_kill.push(ContainerToKill {
+                        id: s.id.clone(),
+                        name: c.name.clone(),
+                        message: format!("Container {} {why}, will be restarted", c.name),
+                    });
+                    if policy.restarts_on_failure() {
+                        actions.containers_to_start.push(i);
+                    }
+                } else {
+                    keep += 1;
+                }
+            }
+            _ => {
+                if should_restart(current, policy) {
+                    actions.containers_to_start.push(i);
+                }
+            }
+        }
+    }
+
+    keep
+}
+
+/// Decides what the sync must do to move the runtime towards the pod spec. `unhealthy` says why a
+/// running container must be restarted although its spec is unchanged (a failed liveness or startup
+/// probe), or `None`.
+pub fn compute_pod_actions(
+    pod: &Pod,
+    status: &PodStatus,
+    unhealthy: &dyn Fn(&ContainerId) -> Option<String>,
+) -> PodActions {
+    let policy = RestartPolicy::of(pod);
+    let (create_sandbox, attempt, sandbox_id) = sandbox_changed(pod, status);
+    let mut actions = PodActions {
+        kill_pod: create_sandbox,
+        create_sandbox,
+        sandbox_id,
+        attempt,
+        ..PodActions::default()
+    };
+
+    if create_sandbox {
+        plan_new_sandbox(pod, status, policy, &mut actions);
+        return actions;
+    }
+
+    match init_progress(pod, status) {
+        InitProgress::Done => {}
+        InitProgress::Waiting => return actions,
+        InitProgress::Next(i) => {
+            actions.next_init_container = Some(i);
+            return actions;
+        }
+        InitProgress::Failed(i) => {
+            if policy.restarts_on_failure() {
+                actions.next_init_container = Some(i);
+            } else {
+                let c = &init_containers(pod)[i];
+                actions.kill_pod = true;
+                actions.init_failed = Some(InitFailure {
+                    name: c.name.clone(),
+                    exit_code: status.container(&c.name).map_or(0, |s| s.exit_code),
+                });
+            }
+            return actions;
+        }
+    }
+
+    let keep = plan_app_containers(pod, status, policy, unhealthy, &mut actions);
+
+    // Running containers the spec no longer names (only the newest instance of a name can run).
+    let known = |name: &str| {
+        containers(pod).iter().any(|c| c.name == name)
+            || init_containers(pod).iter().any(|c| c.name == name)
+    };
+    for s in &status.containers {
+        if s.state == ContainerState::Running && !known(&s.name) {
+            actions.containers_to_kill.push(ContainerToKill {
+                id: s.id.clone(),
+                name: s.name.clone(),
+                message: format!("Container {} is not in the pod spec", s.name),
+            });
+        }
+    }
+
+    if keep == 0 && actions.containers_to_start.is_empty() {
+        actions.kill_pod = true;
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::{PodUid, SandboxStatus};
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn healthy(_: &ContainerId) -> Option<String> {
+        None
+    }
+
+    fn container(name: &str) -> Container {
+        Container {
+            name: name.into(),
+            image: Some("busybox".into()),
+            ..Container::default()
+        }
+    }
+
+    fn pod(policy: &str, inits: &[&str], apps: &[&str]) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                init_containers: Some(inits.iter().map(|n| container(n)).collect()),
+                containers: apps.iter().map(|n| container(n)).collect(),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn sandbox(id: &str, state: SandboxState, attempt: u32) -> SandboxStatus {
+        SandboxStatus {
+            id: SandboxId::from(id),
+            state,
+            created_at: 1,
+            attempt,
+            ip: Some("10.88.0.2".into()),
+            host_network: false,
+        }
+    }
+
+    fn status_of(name: &str, state: ContainerState, exit_code: i32) -> ContainerStatus {
+        ContainerStatus {
+            id: ContainerId::from(format!("id-{name}")),
+            name: name.into(),
+            state,
+            created_at: 1,
+            started_at: 1,
+            finished_at: 0,
+            exit_code,
+            image: "busybox".into(),
+            image_ref: String::new(),
+            hash: container_hash(&container(name)),
+            restart_count: 0,
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+
+    fn status(sandboxes: Vec<SandboxStatus>, containers: Vec<ContainerStatus>) -> PodStatus {
+        PodStatus {
+            uid: PodUid::from("u"),
+            sandboxes,
+            containers,
+            ..PodStatus::default()
+        }
+    }
+
+    fn ready() -> Vec<SandboxStatus> {
+        vec![sandbox("s1", SandboxState::Ready, 0)]
+    }
+
+    #[test]
+    fn a_new_pod_gets_a_sandbox_and_all_containers() {
+        let a = compute_pod_actions(
+            &pod("Always", &[], &["a", "b"]),
+            &PodStatus::default(),
+            &healthy,
+        );
+        assert!(a.create_sandbox);
+        assert_eq!(a.attempt, 0);
+        assert_eq!(a.containers_to_start, [0, 1]);
+    }
+
+    #[test]
+    fn a_new_pod_with_init_containers_starts_the_first_init_only() {
+        let a = compute_pod_actions(
+            &pod("Always", &["i1", "i2"], &["a"]),
+            &PodStatus::default(),
+            &healthy,
+        );
+        assert!(a.create_sandbox);
+        assert_eq!(a.next_init_container, Some(0));
+        assert!(a.containers_to_start.is_empty());
+    }
+
+    #[test]
+    fn a_dead_sandbox_is_recreated_with_the_next_attempt() {
+        let s = status(
+            vec![sandbox("s1", SandboxState::NotReady, 2)],
+            vec![status_of("a", ContainerState::Exited, 137)],
+        );
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy);
+        assert!(a.kill_pod && a.create_sandbox);
+        assert_eq!(a.attempt, 3);
+    }
+
+    #[test]
+    fn a_finished_never_pod_is_not_recreated() {
+        let s = status(
+            vec![sandbox("s1", SandboxState::NotReady, 0)],
+            vec![status_of("a", ContainerState::Exited, 1)],
+        );
+        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy);
+        assert!(!a.create_sandbox);
+        assert!(a.containers_to_start.is_empty());
+    }
+
+    #[test]
+    fn an_on_failure_pod_whose_containers_succeeded_is_not_recreated() {
+        let s = status(
+            vec![sandbox("s1", SandboxState::NotReady, 0)],
+            vec![status_of("a", ContainerState::Exited, 0)],
+        );
+        assert!(!compute_pod_actions(&pod("OnFailure", &[], &["a"]), &s, &healthy).create_sandbox);
+    }
+
+    #[test]
+    fn init_containers_run_one_at_a_time_in_order() {
+        let p = pod("Always", &["i1", "i2"], &["a"]);
+        let running = status(ready(), vec![status_of("i1", ContainerState::Running, 0)]);
+        let a = compute_pod_actions(&p, &running, &healthy);
+        assert_eq!(a.next_init_container, None);
+        assert!(a.containers_to_start.is_empty());
+        let first_done = status(ready(), vec![status_of("i1", ContainerState::Exited, 0)]);
+        assert_eq!(
+            compute_pod_actions(&p, &first_done, &healthy).next_init_container,
+            Some(1)
+        );
+        let all_done = status(
+            ready(),
+            vec![
+                status_of("i2", ContainerState::Exited, 0),
+                status_of("i1", ContainerState::Exited, 0),
+            ],
+        );
+        let a = compute_pod_actions(&p, &all_done, &healthy);
+        assert_eq!(a.next_init_container, None);
+        assert_eq!(a.containers_to_start, [0]);
+    }
+
+    #[test]
+    fn a_failed_init_container_fails_a_never_pod_and_is_retried_otherwise() {
+        let failed = status(ready(), vec![status_of("i1", ContainerState::Exited, 3)]);
+        let a = compute_pod_actions(&pod("Never", &["i1"], &["a"]), &failed, &healthy);
+        assert!(a.kill_pod);
+        assert_eq!(
+            a.init_failed,
+            Some(InitFailure {
+                name: "i1".into(),
+                exit_code: 3
+            })
+        );
+        assert!(a.containers_to_start.is_empty() && a.next_init_container.is_none());
+        let a = compute_pod_actions(&pod("OnFailure", &["i1"], &["a"]), &failed, &healthy);
+        assert_eq!(a.next_init_container, Some(0));
+        assert!(a.init_failed.is_none());
+    }
+
+    #[test]
+    fn exited_containers_follow_the_restart_policy() {
+        let s = status(
+            ready(),
+            vec![
+                status_of("ok", ContainerState::Exited, 0),
+                status_of("bad", ContainerState::Exited, 1),
+                status_of("run", ContainerState::Running, 0),
+            ],
+        );
+        let apps = ["ok", "bad", "run"];
+        assert_eq!(
+            compute_pod_actions(&pod("Always", &[], &apps), &s, &healthy).containers_to_start,
+            [0, 1]
+        );
+        assert_eq!(
+            compute_pod_actions(&pod("OnFailure", &[], &apps), &s, &healthy).containers_to_start,
+            [1]
+        );
+        let never = compute_pod_actions(&pod("Never", &[], &apps), &s, &healthy);
+        assert!(never.containers_to_start.is_empty());
+        assert!(!never.kill_pod, "a running container keeps the pod alive");
+    }
+
+    #[test]
+    fn a_pod_with_nothing_left_to_run_is_killed() {
+        let s = status(ready(), vec![status_of("a", ContainerState::Exited, 0)]);
+        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy);
+        assert!(a.kill_pod && !a.create_sandbox);
+    }
+
+    #[test]
+    fn a_changed_spec_restarts_the_container_and_an_unchanged_one_is_adopted() {
+        let p = pod("Always", &[], &["a"]);
+        let same = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
+        assert_eq!(
+            compute_pod_actions(&p, &same, &healthy),
+            PodActions {
+                sandbox_id: Some(SandboxId::from("s1")),
+                ..PodActions::default()
+            }
+        );
+        let mut old = status_of("a", ContainerState::Running, 0);
+        old.hash = "0000".into();
+        let a = compute_pod_actions(&p, &status(ready(), vec![old]), &healthy);
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(a.containers_to_kill[0].id, ContainerId::from("id-a"));
+        assert_eq!(a.containers_to_start, [0]);
+    }
+
+    #[test]
+    fn running_containers_missing_from_the_spec_are_killed() {
+        let s = status(
+            ready(),
+            vec![
+                status_of("a", ContainerState::Running, 0),
+                status_of("gone", ContainerState::Running, 0),
+            ],
+        );
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy);
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(a.containers_to_kill[0].name, "gone");
+    }
+
+    #[test]
+    fn a_host_network_change_recreates_the_sandbox() {
+        let mut p = pod("Always", &[], &["a"]);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.host_network = Some(true);
+        }
+        let s = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
+        let a = compute_pod_actions(&p, &s, &healthy);
+        assert!(a.create_sandbox);
+        assert_eq!(a.attempt, 1);
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+    use crate::container::{PodUid, SandboxStatus};
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn pod(policy: &str) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                containers: vec![Container {
+                    name: "a".into(),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn running() -> PodStatus {
+        PodStatus {
+            uid: PodUid::from("u"),
+            sandboxes: vec![SandboxStatus {
+                id: SandboxId::from("s"),
+                state: SandboxState::Ready,
+                created_at: 1,
+                attempt: 0,
+                ip: Some("10.88.0.2".into()),
+                host_network: false,
+            }],
+            containers: vec![ContainerStatus {
+                id: ContainerId::from("c"),
+                name: "a".into(),
+                state: ContainerState::Running,
+                created_at: 1,
+                started_at: 1,
+                finished_at: 0,
+                exit_code: 0,
+                image: String::new(),
+                image_ref: String::new(),
+                hash: container_hash(&Container {
+                    name: "a".into(),
+                    ..Container::default()
+                }),
+                restart_count: 0,
+                reason: String::new(),
+                message: String::new(),
+            }],
+            ..PodStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_liveness_probe_restarts_the_container_unless_never() {
+        let unhealthy = |_: &ContainerId| Some("failed liveness probe".to_owned());
+        let a = compute_pod_actions(&pod("Always"), &running(), &unhealthy);
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Container a failed liveness probe, will be restarted"
+        );
+        assert_eq!(a.containers_to_start, [0]);
+        let a = compute_pod_actions(&pod("Never"), &running(), &unhealthy);
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert!(a.containers_to_start.is_empty());
+    }
+}

@@ -1,0 +1,264 @@
+//! Turns a pod into a CRI `PodSandboxConfig` (the kubelet's `kuberuntime_sandbox.go`
+//! `generatePodSandboxConfig` and its Linux part): identity, hostname, log directory, DNS, host ports,
+//! cgroup parent and the namespaces the pod shares with the node.
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::Pod;
+use ringlet_proto::runtime::v1 as cri;
+
+use super::labels;
+
+/// Longest hostname the kernel accepts.
+const MAX_HOSTNAME_LEN: usize = 63;
+
+/// Why a sandbox config could not be built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SandboxConfigError {
+    #[error("pod has no {field}")]
+    MissingField { field: &'static str },
+    #[error("container {container:?} port {port}: invalid protocol {protocol:?}")]
+    InvalidProtocol {
+        container: String,
+        port: i32,
+        protocol: String,
+    },
+}
+
+fn spec_flag(
+    pod: &Pod,
+    get: impl Fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>,
+) -> bool {
+    pod.spec.as_ref().and_then(get).unwrap_or(false)
+}
+
+/// Whether the pod runs in the node's network namespace.
+pub fn host_network(pod: &Pod) -> bool {
+    spec_flag(pod, |s| s.host_network)
+}
+
+/// The namespace modes of the pod's containers (the sandbox uses the same network and IPC modes).
+pub fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
+    let mode = |node: bool, otherwise: cri::NamespaceMode| {
+        if node {
+            cri::NamespaceMode::Node
+        } else {
+            otherwise
+        }
+    };
+    let share_pid = spec_flag(pod, |s| s.share_process_namespace);
+    cri::NamespaceOption {
+        network: mode(host_network(pod), cri::NamespaceMode::Pod).into(),
+        pid: mode(
+            spec_flag(pod, |s| s.host_pid),
+            if share_pid {
+                cri::NamespaceMode::Pod
+            } else {
+                cri::NamespaceMode::Container
+            },
+        )
+        .into(),
+        ipc: mode(spec_flag(pod, |s| s.host_ipc), cri::NamespaceMode::Pod).into(),
+        target_id: String::new(),
+    }
+}
+
+/// The pod's hostname: `spec.hostname` or the pod name, cut to 63 characters without a trailing
+/// `-` or `.`; empty for host-network pods, which keep the node's hostname.
+pub fn hostname(pod: &Pod) -> String {
+    if host_network(pod) {
+        return String::new();
+    }
+    let name = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+        .or_else(|| pod.metadata.name.clone())
+        .unwrap_or_default();
+    let mut cut: String = name.chars().take(MAX_HOSTNAME_LEN).collect();
+    while cut.ends_with(['-', '.']) {
+        cut.pop();
+    }
+    cut
+}
+
+fn port_mappings(pod: &Pod) -> Result<Vec<cri::PortMapping>, SandboxConfigError> {
+    let containers = pod.spec.iter().flat_map(|s| &s.containers);
+    let mut out = Vec::new();
+    for c in containers {
+        for p in c.ports.iter().flatten() {
+            let protocol = match p.protocol.as_deref() {
+                None | Some("TCP" | "") => cri::Protocol::Tcp,
+                Some("UDP") => cri::Protocol::Udp,
+                Some("SCTP") => cri::Protocol::Sctp,
+                Some(other) => {
+                    return Err(SandboxConfigError::InvalidProtocol {
+                        container: c.name.clone(),
+                        port: p.container_port,
+                        protocol: other.to_owned(),
+                    });
+                }
+            };
+            out.push(cri::PortMapping {
+                protocol: protocol.into(),
+                container_port: p.container_port,
+                host_port: p.host_port.unwrap_or(0),
+                host_ip: p.host_ip.clone().unwrap_or_default(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The sandbox config for the pod's `attempt`-th sandbox.
+pub fn sandbox_config(
+    pod: &Pod,
+    attempt: u32,
+    log_directory: &Path,
+    cgroup_parent: String,
+) -> Result<cri::PodSandboxConfig, SandboxConfigError> {
+    let meta = &pod.metadata;
+    let missing = |field| SandboxConfigError::MissingField { field };
+    let spec = pod.spec.as_ref().ok_or(missing("spec"))?;
+    let pod_sc = spec.security_context.as_ref();
+    let dns_config = spec.dns_config.as_ref().map(|d| cri::DnsConfig {
+        servers: d.nameservers.clone().unwrap_or_default(),
+        searches: d.searches.clone().unwrap_or_default(),
+        options: d
+            .options
+            .iter()
+            .flatten()
+            .filter_map(|o| {
+                let name = o.name.as_ref()?;
+                Some(match &o.value {
+                    Some(v) => format!("{name}:{v}"),
+                    None => name.clone(),
+                })
+            })
+            .collect(),
+    });
+    let privileged = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .any(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|s| s.privileged)
+                .unwrap_or(false)
+        });
+    Ok(cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: meta.name.clone().ok_or(missing("metadata.name"))?,
+            uid: meta.uid.clone().ok_or(missing("metadata.uid"))?,
+            namespace: meta
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_owned()),
+            attempt,
+        }),
+        hostname: hostname(pod),
+        log_directory: log_directory.to_string_lossy().into_owned(),
+        dns_config,
+        port_mappings: port_mappings(pod)?,
+        labels: labels::sandbox_labels(pod),
+        annotations: labels::sandbox_annotations(pod),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent,
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                run_as_user: pod_sc
+                    .and_then(|s| s.run_as_user)
+                    .map(|value| cri::Int64Value { value }),
+                run_as_group: pod_sc
+                    .and_then(|s| s.run_as_group)
+                    .map(|value| cri::Int64Value { value }),
+                supplemental_groups: pod_sc
+                    .and_then(|s| s.supplemental_groups.clone())
+                    .unwrap_or_default(),
+                privileged,
+                ..cri::LinuxSandboxSecurityContext::default()
+            }),
+            sysctls: pod_sc
+                .and_then(|s| s.sysctls.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|s| (s.name.clone(), s.value.clone()))
+                .collect(),
+            ..cri::LinuxPodSandboxConfig::default()
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn pod(host_network: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web-node1".into()),
+                namespace: Some("default".into()),
+                uid: Some("u1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                host_network: Some(host_network),
+                containers: vec![Container {
+                    name: "c".into(),
+                    ports: Some(vec![ContainerPort {
+                        container_port: 80,
+                        host_port: Some(8080),
+                        protocol: Some("UDP".into()),
+                        ..ContainerPort::default()
+                    }]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn pod_network_sandbox_has_hostname_ports_and_cgroup() {
+        let config = sandbox_config(
+            &pod(false),
+            2,
+            Path::new("/var/log/pods/default_web-node1_u1"),
+            "/kubepods/besteffort/podu1".into(),
+        )
+        .unwrap();
+        let meta = config.metadata.unwrap();
+        assert_eq!((meta.name.as_str(), meta.attempt), ("web-node1", 2));
+        assert_eq!(config.hostname, "web-node1");
+        assert_eq!(config.log_directory, "/var/log/pods/default_web-node1_u1");
+        assert_eq!(config.port_mappings.len(), 1);
+        assert_eq!(config.port_mappings[0].host_port, 8080);
+        assert_eq!(config.port_mappings[0].protocol(), cri::Protocol::Udp);
+        let linux = config.linux.unwrap();
+        assert_eq!(linux.cgroup_parent, "/kubepods/besteffort/podu1");
+        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.network(), cri::NamespaceMode::Pod);
+        assert_eq!(ns.pid(), cri::NamespaceMode::Container);
+        assert!(labels::is_managed(&config.labels));
+    }
+
+    #[test]
+    fn host_network_uses_the_node_namespace_and_no_hostname() {
+        let p = pod(true);
+        assert_eq!(namespace_options(&p).network(), cri::NamespaceMode::Node);
+        assert_eq!(hostname(&p), "");
+    }
+
+    #[test]
+    fn long_hostnames_are_cut_cleanly() {
+        let mut p = pod(false);
+        p.metadata.name = Some(format!("{}-x", "a".repeat(62)));
+        assert_eq!(hostname(&p), "a".repeat(62));
+    }
+}

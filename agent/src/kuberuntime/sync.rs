@@ -1,0 +1,839 @@
+//! One pod sync and pod kills (the kubelet's `SyncPod`, `startContainer`, `killContainer`,
+//! `killPodWithSyncResult` and the image puller): carries out the actions `changes` decided, in the
+//! kubelet's order, applying crash-loop and image-pull back-off and recording every step's outcome.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use ringlet_proto::runtime::v1 as cri;
+use tokio::time::Instant;
+
+use super::changes::{PodActions, compute_pod_actions};
+use super::container::{ContainerParams, EnvContext, container_config, termination_message_file};
+use super::images::{PullPolicy, normalize_image, pull_policy};
+use super::sandbox::{host_network, namespace_options, sandbox_config};
+use super::{CriError, KubeGenericRuntimeManager, labels};
+use crate::container::{
+    ContainerId, ContainerState, PodStatus, PodSyncResult, PodUid, RunningPod, SandboxState,
+    SyncAction, SyncFailure, SyncResult,
+};
+use crate::events::EventType;
+use crate::volumes::{PodVolumes, setup_pod_volumes};
+
+/// Grace period when neither the pod nor the caller gives one.
+const DEFAULT_GRACE_SECONDS: i64 = 30;
+/// Shortest grace period a normal stop gets (an explicit override may be shorter).
+const MIN_GRACE_SECONDS: i64 = 2;
+const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
+fn failure(reason: &str, message: impl Into<String>) -> SyncFailure {
+    SyncFailure {
+        reason: reason.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn step(action: SyncAction, target: impl Into<String>, failure: Option<SyncFailure>) -> SyncResult {
+    SyncResult {
+        action,
+        target: target.into(),
+        failure,
+    }
+}
+
+/// A Go-style duration (`10s`, `1m20s`, `5m0s`), as the kubelet's back-off messages print it.
+pub(super) fn go_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs < 60 {
+        format!("{secs}s")
+    } else {
+        format!("{}m{}s", secs / 60, secs % 60)
+    }
+}
+
+/// The tokio instant of a wall-clock time in Unix nanoseconds (0 or future → now).
+fn instant_of(unix_nanos: i64) -> Instant {
+    let now = Instant::now();
+    let wall_now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let Ok(at) = u128::try_from(unix_nanos) else {
+        return now;
+    };
+    if at == 0 || at >= wall_now {
+        return now;
+    }
+    let age = u64::try_from(wall_now - at).map_or(Duration::MAX, Duration::from_nanos);
+    now.checked_sub(age).unwrap_or(now)
+}
+
+fn pod_name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn pod_uid(pod: &Pod) -> PodUid {
+    PodUid::new(pod.metadata.uid.clone().unwrap_or_default())
+}
+
+fn init_containers(pod: &Pod) -> &[Container] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+}
+
+fn app_containers(pod: &Pod) -> &[Container] {
+    pod.spec.as_ref().map_or(&[], |s| s.containers.as_slice())
+}
+
+/// The grace period to stop a container with.
+fn grace_period(pod: Option<&Pod>, annotated: Option<i64>, override_: Option<i64>) -> i64 {
+    if let Some(grace) = override_ {
+        return grace.max(0);
+    }
+    pod.and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.termination_grace_period_seconds)
+        .or(annotated)
+        .unwrap_or(DEFAULT_GRACE_SECONDS)
+        .max(MIN_GRACE_SECONDS)
+}
+
+/// What a container start needs that is shared by every container of the sync.
+struct StartContext<'a> {
+    pod: &'a Pod,
+    status: &'a PodStatus,
+    sandbox_id: &'a str,
+    sandbox_config: &'a cri::PodSandboxConfig,
+    pod_ips: &'a [String],
+    volumes: &'a PodVolumes,
+    pod_dir: &'a Path,
+}
+
+impl KubeGenericRuntimeManager {
+    pub(super) async fn sync(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult {
+        let mut result = PodSyncResult::default();
+        let uid = pod_uid(pod);
+        if uid.as_str().is_empty() || pod.metadata.name.is_none() {
+            result.results.push(step(
+                SyncAction::ConfigPodSandbox,
+                pod_name(pod),
+                Some(failure(
+                    "CreatePodSandboxConfigError",
+                    "pod has no metadata.uid or metadata.name",
+                )),
+            ));
+            return result;
+        }
+        let actions = compute_pod_actions(pod, status, &|id| self.helper.restart_reason(id));
+        tracing::debug!(pod = pod_name(pod), ?actions, "computed pod actions");
+
+        if actions.kill_pod {
+            if actions.create_sandbox && !status.sandboxes.is_empty() {
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "SandboxChanged",
+                    "Pod sandbox changed, it will be killed and re-created.".to_owned(),
+                );
+            }
+            let running = running_from_status(status);
+            self.kill_pod_with_result(Some(pod), &running, None, &mut result)
+                .await;
+            if let Some(init) = &actions.init_failed {
+                result.results.push(step(
+                    SyncAction::InitContainer,
+                    init.name.clone(),
+                    Some(failure(
+                        "RunInitContainerError",
+                        format!(
+                            "init container {:?} exited with {}",
+                            init.name, init.exit_code
+                        ),
+                    )),
+                ));
+            }
+            // A failed stop leaves the old sandbox up: never start a second one next to it.
+            if !actions.create_sandbox || result.first_failure().is_some() {
+                return result;
+            }
+            // Init containers run again in a new sandbox; old instances would look finished.
+            self.purge_init_containers(pod, status).await;
+        } else {
+            for kill in &actions.containers_to_kill {
+                let outcome = self
+                    .kill_container(Some(pod), &kill.id, &kill.name, &kill.message, None, None)
+                    .await;
+                let failed = outcome.is_err();
+                result.results.push(step(
+                    SyncAction::KillContainer,
+                    kill.name.clone(),
+                    outcome
+                        .err()
+                        .map(|e| failure("KillContainerError", e.to_string())),
+                ));
+                if failed {
+                    return result;
+                }
+            }
+        }
+
+        if actions.next_init_container.is_none() && actions.containers_to_start.is_empty() {
+            return result;
+        }
+        Box::pin(self.start_pod(pod, status, &actions, &mut result)).await;
+        result
+    }
+
+    /// Creates the sandbox if needed and starts the next init container or the app containers.
+    async fn start_pod(
+        &self,
+        pod: &Pod,
+        status: &PodStatus,
+        actions: &PodActions,
+        result: &mut PodSyncResult,
+    ) {
+        let uid = pod_uid(pod);
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let targets: Vec<(SyncAction, &Container)> = match actions.next_init_container {
+            Some(i) => init_containers(pod)
+                .get(i)
+                .map(|c| (SyncAction::InitContainer, c))
+                .into_iter()
+                .collect(),
+            None => actions
+                .containers_to_start
+                .iter()
+                .filter_map(|&i| app_containers(pod).get(i))
+                .map(|c| (SyncAction::StartContainer, c))
+                .collect(),
+        };
+
+        let pod_dir = self.helper.pod_dir(&uid);
+        let volumes = match setup_pod_volumes(pod, &pod_dir) {
+            Ok(v) => v,
+            Err(e) => {
+                let message = e.to_string();
+                self.event(pod, EventType::Warning, "FailedMount", message.clone());
+                for (action, c) in targets {
+                    result.results.push(step(
+                        action,
+                        c.name.clone(),
+                        Some(failure("CreateContainerConfigError", message.clone())),
+                    ));
+                }
+                return;
+            }
+        };
+
+        let log_dir = self.helper.pod_log_dir(namespace, pod_name(pod), &uid);
+        let config = match sandbox_config(
+            pod,
+            actions.attempt,
+            &log_dir,
+            self.helper.pod_cgroup_parent(pod),
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                result.results.push(step(
+                    SyncAction::ConfigPodSandbox,
+                    pod_name(pod),
+                    Some(failure("CreatePodSandboxConfigError", e.to_string())),
+                ));
+                return;
+            }
+        };
+
+        let (sandbox_id, pod_ips) = if actions.create_sandbox {
+            match self.create_sandbox(pod, &config, &log_dir, result).await {
+                Some(created) => created,
+                None => return,
+            }
+        } else if let Some(id) = &actions.sandbox_id {
+            (id.to_string(), status.ips.clone())
+        } else {
+            return;
+        };
+        let pod_ips = if host_network(pod) {
+            self.helper.host_ip().into_iter().collect()
+        } else {
+            pod_ips
+        };
+
+        let ctx = StartContext {
+            pod,
+            status,
+            sandbox_id: &sandbox_id,
+            sandbox_config: &config,
+            pod_ips: &pod_ips,
+            volumes: &volumes,
+            pod_dir: &pod_dir,
+        };
+        for (action, container) in targets {
+            let outcome = match self.crash_loop_backoff(pod, container, status) {
+                Some(backoff) => Some(backoff),
+                None => self.start_container(&ctx, container).await,
+            };
+            result
+                .results
+                .push(step(action, container.name.clone(), outcome));
+        }
+    }
+
+    /// `RunPodSandbox` + `PodSandboxStatus`; returns the sandbox id and its IPs.
+    async fn create_sandbox(
+        &self,
+        pod: &Pod,
+        config: &cri::PodSandboxConfig,
+        log_dir: &Path,
+        result: &mut PodSyncResult,
+    ) -> Option<(String, Vec<String>)> {
+        if let Err(e) = tokio::fs::create_dir_all(log_dir).await {
+            result.results.push(step(
+                SyncAction::CreatePodSandbox,
+                pod_name(pod),
+                Some(failure(
+                    "CreatePodSandboxError",
+                    format!("creating the pod log directory {}: {e}", log_dir.display()),
+                )),
+            ));
+            return None;
+        }
+        let id = match self
+            .cri
+            .run_pod_sandbox(config.clone(), &self.settings.runtime_handler)
+            .await
+        {
+            Ok(id) => id,
+            Err(e) => {
+                let message = format!("Failed to create pod sandbox: {e}");
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    "FailedCreatePodSandBox",
+                    message.clone(),
+                );
+                result.results.push(step(
+                    SyncAction::CreatePodSandbox,
+                    pod_name(pod),
+                    Some(failure("CreatePodSandboxError", message)),
+                ));
+                return None;
+            }
+        };
+        result
+            .results
+            .push(step(SyncAction::CreatePodSandbox, id.clone(), None));
+        match self.cri.pod_sandbox_status(&id).await {
+            Ok(status) => {
+                let ips = status
+                    .network
+                    .iter()
+                    .flat_map(|n| {
+                        std::iter::once(n.ip.clone())
+                            .chain(n.additional_ips.iter().map(|p| p.ip.clone()))
+                    })
+                    .filter(|ip| !ip.is_empty())
+                    .collect();
+                Some((id, ips))
+            }
+            Err(e) => {
+                result.results.push(step(
+                    SyncAction::ConfigPodSandbox,
+                    id,
+                    Some(failure("CreatePodSandboxError", e.to_string())),
+                ));
+                None
+            }
+        }
+    }
+
+    /// `CrashLoopBackOff` when the container's last exit is too recent to restart it yet;
+    /// otherwise records the restart so the next exit waits longer.
+    fn crash_loop_backoff(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        status: &PodStatus,
+    ) -> Option<SyncFailure> {
+        let last = status
+            .container(&container.name)
+            .filter(|c| c.state == ContainerState::Exited)?;
+        let key = format!("{}/{}", pod_uid(pod), container.name);
+        let exited = instant_of(last.finished_at);
+        if let Some(delay) = self
+            .crash_backoff
+            .in_backoff_since(&key, exited, Instant::now())
+        {
+            self.event(
+                pod,
+                EventType::Warning,
+                "BackOff",
+                format!(
+                    "Back-off restarting failed container {} in pod {}",
+                    container.name,
+                    pod_name(pod)
+                ),
+            );
+            return Some(failure(
+                "CrashLoopBackOff",
+                format!(
+                    "back-off {} restarting failed container={} pod={}",
+                    go_duration(delay),
+                    container.name,
+                    pod_name(pod)
+                ),
+            ));
+        }
+        self.crash_backoff.next(&key, exited);
+        None
+    }
+
+    /// Image, config, `CreateContainer`, `StartContainer`. `None` on success.
+    async fn start_container(
+        &self,
+        ctx: &StartContext<'_>,
+        container: &Container,
+    ) -> Option<SyncFailure> {
+        let pod = ctx.pod;
+        let image_id = match self.ensure_image(pod, container, ctx.sandbox_config).await {
+            Ok(id) => id,
+            Err(f) => return Some(f),
+        };
+        let restart_count = ctx
+            .status
+            .container(&container.name)
+            .map_or(0, |c| c.restart_count + 1);
+
+        let config = match self
+            .prepare_container_config(ctx, container, restart_count, &image_id)
+            .await
+        {
+            Ok(config) => config,
+            Err(message) => {
+                self.event(pod, EventType::Warning, "Failed", message.clone());
+                return Some(failure("CreateContainerConfigError", message));
+            }
+        };
+
+        let id = match self
+            .cri
+            .create_container(ctx.sandbox_id, config, ctx.sandbox_config.clone())
+            .await
+        {
+            Ok(id) => id,
+            Err(e) => {
+                let message = format!("Error: {e}");
+                self.event(pod, EventType::Warning, "Failed", message.clone());
+                return Some(failure("CreateContainerError", message));
+            }
+        };
+        self.event(
+            pod,
+            EventType::Normal,
+            "Created",
+            format!("Created container {}", container.name),
+        );
+        if let Err(e) = self.cri.start_container(&id).await {
+            let message = format!("Error: {e}");
+            self.event(pod, EventType::Warning, "Failed", message.clone());
+            return Some(failure("RunContainerError", message));
+        }
+        self.event(
+            pod,
+            EventType::Normal,
+            "Started",
+            format!("Started container {}", container.name),
+        );
+        None
+    }
+
+    /// Directories, mounts and the CRI config of one container instance; errors are messages for
+    /// `CreateContainerConfigError`.
+    async fn prepare_container_config(
+        &self,
+        ctx: &StartContext<'_>,
+        container: &Container,
+        restart_count: u32,
+        image_id: &str,
+    ) -> Result<cri::ContainerConfig, String> {
+        let log_dir = Path::new(&ctx.sandbox_config.log_directory).join(&container.name);
+        tokio::fs::create_dir_all(&log_dir)
+            .await
+            .map_err(|e| format!("creating log directory {}: {e}", log_dir.display()))?;
+
+        let mut mounts = ctx
+            .volumes
+            .mounts_for(container)
+            .map_err(|e| e.to_string())?;
+        let message_path = container
+            .termination_message_path
+            .as_deref()
+            .unwrap_or(DEFAULT_TERMINATION_MESSAGE_PATH);
+        if !message_path.is_empty() {
+            let file = termination_message_file(ctx.pod_dir, &container.name, restart_count);
+            let created = async {
+                if let Some(dir) = file.parent() {
+                    tokio::fs::create_dir_all(dir).await?;
+                }
+                tokio::fs::write(&file, b"").await
+            };
+            created.await.map_err(|e| {
+                format!("creating termination message file {}: {e}", file.display())
+            })?;
+            mounts.push(cri::Mount {
+                container_path: message_path.to_owned(),
+                host_path: file.to_string_lossy().into_owned(),
+                ..cri::Mount::default()
+            });
+        }
+
+        let host_ip = self.helper.host_ip();
+        let env = EnvContext {
+            pod: ctx.pod,
+            pod_ips: ctx.pod_ips,
+            host_ip: host_ip.as_deref(),
+            node_name: self.helper.node_name(),
+        };
+        container_config(
+            ctx.pod,
+            container,
+            &env,
+            ContainerParams {
+                restart_count,
+                image_id,
+                mounts,
+                namespaces: namespace_options(ctx.pod),
+                cpu_cfs_quota: self.settings.cpu_cfs_quota,
+                memory_capacity_bytes: self.settings.memory_capacity_bytes,
+            },
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// Makes sure the container's image is present per its pull policy; returns the image id to
+    /// create the container from. `ImageStatus` always comes first: a present image is never pulled
+    /// under `IfNotPresent`, and under `Always` a failed pull falls back to the present image.
+    async fn ensure_image(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox_config: &cri::PodSandboxConfig,
+    ) -> Result<String, SyncFailure> {
+        let spec_image = container.image.as_deref().unwrap_or_default();
+        let image = normalize_image(spec_image).map_err(|e| {
+            self.event(pod, EventType::Warning, "InspectFailed", e.to_string());
+            failure("InvalidImageName", e.to_string())
+        })?;
+        let policy = pull_policy(container.image_pull_policy.as_deref(), spec_image)
+            .map_err(|e| failure("ErrImagePull", e.to_string()))?;
+        let present = self
+            .cri
+            .image_status(&image)
+            .await
+            .map_err(|e| failure("ImageInspectError", e.to_string()))?
+            .map(|img| {
+                if img.id.is_empty() {
+                    image.clone()
+                } else {
+                    img.id
+                }
+            });
+
+        match (policy, present) {
+            (PullPolicy::Never, None) => {
+                let message = format!(
+                    "Container image \"{spec_image}\" is not present with pull policy of Never"
+                );
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    "ErrImageNeverPull",
+                    message.clone(),
+                );
+                Err(failure("ErrImageNeverPull", message))
+            }
+            (PullPolicy::Never | PullPolicy::IfNotPresent, Some(id)) => Ok(id),
+            (PullPolicy::IfNotPresent, None) => {
+                self.pull(pod, spec_image, &image, sandbox_config).await
+            }
+            (PullPolicy::Always, present) => {
+                match self.pull(pod, spec_image, &image, sandbox_config).await {
+                    Ok(id) => Ok(id),
+                    Err(f) => match present {
+                        Some(id) => {
+                            self.event(
+                                pod,
+                                EventType::Warning,
+                                "PullFallback",
+                                format!(
+                                    "Pulling image \"{spec_image}\" failed ({}); using the image already present",
+                                    f.message
+                                ),
+                            );
+                            Ok(id)
+                        }
+                        None => Err(f),
+                    },
+                }
+            }
+        }
+    }
+
+    async fn pull(
+        &self,
+        pod: &Pod,
+        spec_image: &str,
+        image: &str,
+        sandbox_config: &cri::PodSandboxConfig,
+    ) -> Result<String, SyncFailure> {
+        let key = format!("{}/{image}", pod_uid(pod));
+        if self
+            .image_backoff
+            .in_backoff_since_update(&key, Instant::now())
+            .is_some()
+        {
+            let message = format!("Back-off pulling image \"{spec_image}\"");
+            self.event(pod, EventType::Normal, "BackOff", message.clone());
+            return Err(failure("ImagePullBackOff", message));
+        }
+        self.event(
+            pod,
+            EventType::Normal,
+            "Pulling",
+            format!("Pulling image \"{spec_image}\""),
+        );
+        match self
+            .cri
+            .pull_image(image, Some(sandbox_config.clone()))
+            .await
+        {
+            Ok(image_ref) => {
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "Pulled",
+                    format!("Successfully pulled image \"{spec_image}\""),
+                );
+                Ok(if image_ref.is_empty() {
+                    image.to_owned()
+                } else {
+                    image_ref
+                })
+            }
+            Err(e) => {
+                self.image_backoff.next(&key, Instant::now());
+                let message = format!("Failed to pull image \"{spec_image}\": {e}");
+                self.event(pod, EventType::Warning, "Failed", message.clone());
+                Err(failure("ErrImagePull", message))
+            }
+        }
+    }
+
+    /// Removes the pod's exited init containers so a new sandbox runs them all again.
+    async fn purge_init_containers(&self, pod: &Pod, status: &PodStatus) {
+        let inits = init_containers(pod);
+        let stale = status
+            .containers
+            .iter()
+            .filter(|c| c.state != ContainerState::Running)
+            .filter(|c| inits.iter().any(|i| i.name == c.name));
+        for c in stale {
+            if let Err(e) = self.cri.remove_container(c.id.as_str()).await
+                && !e.is_not_found()
+            {
+                tracing::warn!(pod = pod_name(pod), container = %c.name, error = %e,
+                    "removing an old init container failed");
+            }
+        }
+    }
+
+    /// `StopContainer` with the right grace period; a container already gone counts as stopped.
+    async fn kill_container(
+        &self,
+        pod: Option<&Pod>,
+        id: &ContainerId,
+        name: &str,
+        message: &str,
+        annotated_grace: Option<i64>,
+        grace_override: Option<i64>,
+    ) -> Result<(), CriError> {
+        let grace = grace_period(pod, annotated_grace, grace_override);
+        if let Some(pod) = pod {
+            let mut text = format!("Stopping container {name}");
+            if !message.is_empty() {
+                text.push_str(": ");
+                text.push_str(message);
+            }
+            self.event(pod, EventType::Normal, "Killing", text);
+        }
+        match self.cri.stop_container(id.as_str(), grace).await {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops every live container (in parallel) and then every sandbox of the pod, recording each.
+    async fn kill_pod_with_result(
+        &self,
+        pod: Option<&Pod>,
+        running: &RunningPod,
+        grace_override: Option<i64>,
+        result: &mut PodSyncResult,
+    ) {
+        let live = running
+            .containers
+            .iter()
+            .filter(|c| c.state != ContainerState::Exited);
+        let kills = live.map(|c| async move {
+            let outcome = self
+                .kill_container(pod, &c.id, &c.name, "", None, grace_override)
+                .await;
+            step(
+                SyncAction::KillContainer,
+                c.name.clone(),
+                outcome
+                    .err()
+                    .map(|e| failure("KillContainerError", e.to_string())),
+            )
+        });
+        result.results.extend(join_all(kills).await);
+        for sandbox in &running.sandboxes {
+            let outcome = match self.cri.stop_pod_sandbox(sandbox.id.as_str()).await {
+                Err(e) if !e.is_not_found() => Some(failure("KillPodSandboxError", e.to_string())),
+                _ => None,
+            };
+            result.results.push(step(
+                SyncAction::KillPodSandbox,
+                sandbox.id.to_string(),
+                outcome,
+            ));
+        }
+    }
+
+    /// `Runtime::kill_pod`: stops everything of the pod; the first failure is returned.
+    pub(super) async fn kill_running_pod(
+        &self,
+        pod: Option<&Pod>,
+        running: &RunningPod,
+        grace_override: Option<i64>,
+    ) -> Result<(), CriError> {
+        let mut result = PodSyncResult::default();
+        let grace_override = match (pod, grace_override) {
+            (None, None) => Some(self.annotated_grace(running).await),
+            (_, grace) => grace,
+        };
+        self.kill_pod_with_result(pod, running, grace_override, &mut result)
+            .await;
+        match result.first_failure() {
+            Some(failed) => Err(CriError::Call {
+                call: match failed.action {
+                    SyncAction::KillPodSandbox => "StopPodSandbox",
+                    _ => "StopContainer",
+                },
+                code: tonic::Code::Unknown,
+                message: failed
+                    .failure
+                    .as_ref()
+                    .map(|f| f.message.clone())
+                    .unwrap_or_default(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Without the pod spec, the grace period its containers were created with (or the default).
+    async fn annotated_grace(&self, running: &RunningPod) -> i64 {
+        for c in running
+            .containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running)
+        {
+            if let Ok(status) = self.cri.container_status(c.id.as_str()).await
+                && let Some(grace) = labels::termination_grace_period(&status.annotations)
+            {
+                return grace.max(MIN_GRACE_SECONDS);
+            }
+        }
+        DEFAULT_GRACE_SECONDS
+    }
+}
+
+/// The live part of a pod status in the shape `kill_pod_with_result` takes: containers not yet
+/// exited and ready sandboxes (stopping stopped objects again would only cost CRI calls).
+fn running_from_status(status: &PodStatus) -> RunningPod {
+    RunningPod {
+        uid: status.uid.clone(),
+        name: status.name.clone(),
+        namespace: status.namespace.clone(),
+        sandboxes: status
+            .sandboxes
+            .iter()
+            .filter(|s| s.state == SandboxState::Ready)
+            .map(|s| crate::container::RunningSandbox {
+                id: s.id.clone(),
+                state: s.state,
+                created_at: s.created_at,
+            })
+            .collect(),
+        containers: status
+            .containers
+            .iter()
+            .filter(|c| c.state != ContainerState::Exited)
+            .map(|c| crate::container::RunningContainer {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                state: c.state,
+                hash: c.hash.clone(),
+                created_at: c.created_at,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    #[test]
+    fn durations_print_like_go() {
+        assert_eq!(go_duration(Duration::from_secs(10)), "10s");
+        assert_eq!(go_duration(Duration::from_secs(80)), "1m20s");
+        assert_eq!(go_duration(Duration::from_mins(5)), "5m0s");
+    }
+
+    #[test]
+    fn grace_period_prefers_override_then_pod_then_annotation() {
+        let pod = Pod {
+            spec: Some(PodSpec {
+                termination_grace_period_seconds: Some(0),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        assert_eq!(grace_period(Some(&pod), Some(50), Some(0)), 0);
+        assert_eq!(grace_period(Some(&pod), Some(50), None), MIN_GRACE_SECONDS);
+        assert_eq!(grace_period(None, Some(50), None), 50);
+        assert_eq!(grace_period(None, None, None), DEFAULT_GRACE_SECONDS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wall_clock_times_map_to_instants_in_the_past() {
+        let now_nanos = i64::try_from(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_nanos(),
+        )
+        .unwrap();
+        let ten_s_ago = now_nanos - 10_000_000_000;
+        let age = Instant::now() - instant_of(ten_s_ago);
+        assert!(
+            age >= Duration::from_secs(10) && age < Duration::from_secs(11),
+            "{age:?}"
+        );
+        assert_eq!(instant_of(0), Instant::now());
+    }
+}
