@@ -33,7 +33,12 @@ fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         .collect()
 }
 
-fn sandbox_config(name: &str, uid: &str, attempt: u32, host_network: bool) -> cri::PodSandboxConfig {
+fn sandbox_config(
+    name: &str,
+    uid: &str,
+    attempt: u32,
+    host_network: bool,
+) -> cri::PodSandboxConfig {
     let network = if host_network {
         cri::NamespaceMode::Node
     } else {
@@ -48,7 +53,10 @@ fn sandbox_config(name: &str, uid: &str, attempt: u32, host_network: bool) -> cr
         }),
         hostname: name.to_owned(),
         log_directory: format!("/var/log/pods/default_{name}_{uid}"),
-        labels: labels(&[("io.kubernetes.pod.name", name), ("io.kubernetes.pod.uid", uid)]),
+        labels: labels(&[
+            ("io.kubernetes.pod.name", name),
+            ("io.kubernetes.pod.uid", uid),
+        ]),
         annotations: labels(&[("kubernetes.io/config.source", "file")]),
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
@@ -102,7 +110,10 @@ fn container_config(name: &str, image: &str) -> cri::ContainerConfig {
     }
 }
 
-async fn run_sandbox(rt: &mut RuntimeServiceClient<Channel>, config: cri::PodSandboxConfig) -> String {
+async fn run_sandbox(
+    rt: &mut RuntimeServiceClient<Channel>,
+    config: cri::PodSandboxConfig,
+) -> String {
     rt.run_pod_sandbox(cri::RunPodSandboxRequest {
         config: Some(config),
         runtime_handler: String::new(),
@@ -197,7 +208,10 @@ async fn list_containers(
         .collect()
 }
 
-async fn image_status(img: &mut ImageServiceClient<Channel>, reference: &str) -> Option<cri::Image> {
+async fn image_status(
+    img: &mut ImageServiceClient<Channel>,
+    reference: &str,
+) -> Option<cri::Image> {
     img.image_status(cri::ImageStatusRequest {
         image: Some(cri::ImageSpec {
             image: reference.to_owned(),
@@ -212,7 +226,11 @@ async fn image_status(img: &mut ImageServiceClient<Channel>, reference: &str) ->
 }
 
 /// A started `app` container from busybox in a fresh pod sandbox: (sandbox id, container id).
-async fn running_pod(fake: &FakeCri, rt: &mut RuntimeServiceClient<Channel>, pod: &str) -> (String, String) {
+async fn running_pod(
+    fake: &FakeCri,
+    rt: &mut RuntimeServiceClient<Channel>,
+    pod: &str,
+) -> (String, String) {
     fake.add_image("busybox");
     let sandbox = run_sandbox(rt, sandbox_config(pod, &format!("uid-{pod}"), 0, false)).await;
     let container = create_container(rt, &sandbox, container_config("app", "busybox"))
@@ -226,7 +244,7 @@ async fn running_pod(fake: &FakeCri, rt: &mut RuntimeServiceClient<Channel>, pod
 
 #[tokio::test]
 async fn version_and_status_report_a_ready_runtime() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
 
     let version = rt
@@ -253,7 +271,10 @@ async fn version_and_status_report_a_ready_runtime() {
         .into_inner();
     assert_eq!(
         conditions(ready),
-        [("RuntimeReady".to_owned(), true), ("NetworkReady".to_owned(), true)]
+        [
+            ("RuntimeReady".to_owned(), true),
+            ("NetworkReady".to_owned(), true)
+        ]
     );
 
     fake.set_network_ready(false);
@@ -264,13 +285,16 @@ async fn version_and_status_report_a_ready_runtime() {
         .into_inner();
     assert_eq!(
         conditions(not_ready),
-        [("RuntimeReady".to_owned(), true), ("NetworkReady".to_owned(), false)]
+        [
+            ("RuntimeReady".to_owned(), true),
+            ("NetworkReady".to_owned(), false)
+        ]
     );
 }
 
 #[tokio::test]
 async fn without_network_only_host_network_sandboxes_start() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     fake.set_network_ready(false);
 
@@ -282,7 +306,10 @@ async fn without_network_only_host_network_sandboxes_start() {
         .await
         .err()
         .unwrap_or_else(|| panic!("a pod-network sandbox started without CNI"));
-    assert!(err.message().contains("cni plugin not initialized"), "{err}");
+    assert!(
+        err.message().contains("cni plugin not initialized"),
+        "{err}"
+    );
     assert!(fake.sandboxes().is_empty());
 
     let id = run_sandbox(&mut rt, sandbox_config("host", "u2", 0, true)).await;
@@ -291,14 +318,16 @@ async fn without_network_only_host_network_sandboxes_start() {
 
 #[tokio::test]
 async fn sandbox_lifecycle_follows_containerd() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
 
     let id = run_sandbox(&mut rt, sandbox_config("web", "u1", 0, false)).await;
     assert_eq!(id.len(), 64);
     assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
 
-    let status = sandbox_status(&mut rt, &id).await.unwrap_or_else(|e| panic!("{e}"));
+    let status = sandbox_status(&mut rt, &id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status.state(), cri::PodSandboxState::SandboxReady);
     assert_eq!(status.network.unwrap_or_default().ip, "10.88.0.2");
     assert_eq!(status.labels["io.kubernetes.pod.name"], "web");
@@ -319,7 +348,9 @@ async fn sandbox_lifecycle_follows_containerd() {
     assert!(err.message().contains("is reserved for"), "{err}");
     let second = run_sandbox(&mut rt, sandbox_config("web", "u1", 1, false)).await;
     assert_ne!(second, id);
-    let status = sandbox_status(&mut rt, &second).await.unwrap_or_else(|e| panic!("{e}"));
+    let status = sandbox_status(&mut rt, &second)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status.network.unwrap_or_default().ip, "10.88.0.3");
 
     for _ in 0..2 {
@@ -329,7 +360,9 @@ async fn sandbox_lifecycle_follows_containerd() {
         .await
         .unwrap_or_else(|e| panic!("StopPodSandbox is idempotent: {e}"));
     }
-    let status = sandbox_status(&mut rt, &id).await.unwrap_or_else(|e| panic!("{e}"));
+    let status = sandbox_status(&mut rt, &id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status.state(), cri::PodSandboxState::SandboxNotready);
     assert_eq!(status.network.unwrap_or_default().ip, "");
 
@@ -340,8 +373,11 @@ async fn sandbox_lifecycle_follows_containerd() {
         .await
         .unwrap_or_else(|e| panic!("RemovePodSandbox is idempotent: {e}"));
     }
-    assert_eq!(list_sandboxes(&mut rt, None).await, [second.clone()]);
-    let err = sandbox_status(&mut rt, &id).await.err().unwrap_or_else(|| panic!("removed sandbox has a status"));
+    assert_eq!(list_sandboxes(&mut rt, None).await, [second.as_str()]);
+    let err = sandbox_status(&mut rt, &id)
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("removed sandbox has a status"));
     assert_eq!(err.code(), Code::NotFound);
     let err = rt
         .stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
@@ -356,10 +392,12 @@ async fn sandbox_lifecycle_follows_containerd() {
 
 #[tokio::test]
 async fn host_network_sandbox_has_no_ip() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     let id = run_sandbox(&mut rt, sandbox_config("host", "u1", 0, true)).await;
-    let status = sandbox_status(&mut rt, &id).await.unwrap_or_else(|e| panic!("{e}"));
+    let status = sandbox_status(&mut rt, &id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status.network.unwrap_or_default().ip, "");
     let options = status
         .linux
@@ -372,7 +410,7 @@ async fn host_network_sandbox_has_no_ip() {
 
 #[tokio::test]
 async fn container_lifecycle_keeps_the_config() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     fake.add_image("busybox");
     let sandbox = run_sandbox(&mut rt, sandbox_config("web", "u1", 0, false)).await;
@@ -380,7 +418,9 @@ async fn container_lifecycle_keeps_the_config() {
     let id = create_container(&mut rt, &sandbox, container_config("app", "busybox"))
         .await
         .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
-    let created = container_status(&mut rt, &id, false).await.unwrap_or_else(|e| panic!("{e}"));
+    let created = container_status(&mut rt, &id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let created = created.status.unwrap_or_default();
     assert_eq!(created.state(), cri::ContainerState::ContainerCreated);
     assert_eq!(created.started_at, 0);
@@ -392,19 +432,38 @@ async fn container_lifecycle_keeps_the_config() {
         .unwrap_or_else(|| panic!("a duplicate container name was accepted"));
     assert!(err.message().contains("is reserved for"), "{err}");
 
-    start(&mut rt, &id).await.unwrap_or_else(|e| panic!("StartContainer: {e}"));
-    let err = start(&mut rt, &id).await.err().unwrap_or_else(|| panic!("started twice"));
+    start(&mut rt, &id)
+        .await
+        .unwrap_or_else(|e| panic!("StartContainer: {e}"));
+    let err = start(&mut rt, &id)
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("started twice"));
     assert!(err.message().contains("CONTAINER_RUNNING"), "{err}");
 
-    let response = container_status(&mut rt, &id, true).await.unwrap_or_else(|e| panic!("{e}"));
+    let response = container_status(&mut rt, &id, true)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let status = response.status.unwrap_or_default();
     assert_eq!(status.state(), cri::ContainerState::ContainerRunning);
     assert!(status.started_at >= status.created_at);
     assert_eq!(status.labels["io.kubernetes.container.name"], "app");
-    assert_eq!(status.annotations["io.kubernetes.container.restartCount"], "0");
+    assert_eq!(
+        status.annotations["io.kubernetes.container.restartCount"],
+        "0"
+    );
     assert_eq!(status.log_path, "/var/log/pods/default_web_u1/app/0.log");
-    assert_eq!(status.image.unwrap_or_default().image, "docker.io/library/busybox:latest");
-    assert!(status.image_ref.starts_with("docker.io/library/busybox@sha256:"), "{}", status.image_ref);
+    assert_eq!(
+        status.image.unwrap_or_default().image,
+        "docker.io/library/busybox:latest"
+    );
+    assert!(
+        status
+            .image_ref
+            .starts_with("docker.io/library/busybox@sha256:"),
+        "{}",
+        status.image_ref
+    );
     assert_eq!(status.mounts.len(), 1);
     let info: serde_json::Value = serde_json::from_str(&response.info["info"])
         .unwrap_or_else(|e| panic!("verbose info is not JSON: {e}"));
@@ -414,14 +473,22 @@ async fn container_lifecycle_keeps_the_config() {
     );
     assert!(info["pid"].as_u64().is_some_and(|pid| pid > 0));
 
-    let snapshot = fake.container_named("app").unwrap_or_else(|| panic!("no snapshot"));
+    let snapshot = fake
+        .container_named("app")
+        .unwrap_or_else(|| panic!("no snapshot"));
     assert_eq!(snapshot.id, id);
     assert_eq!(snapshot.sandbox_id, sandbox);
     assert_eq!(snapshot.envs(), [("MODE".to_owned(), "test".to_owned())]);
     assert_eq!(snapshot.config.command, ["sleep"]);
     assert_eq!(snapshot.config.args, ["3600"]);
-    assert_eq!(snapshot.resources().map(|r| r.memory_limit_in_bytes), Some(64 << 20));
-    assert_eq!(fake.sandboxes()[0].cgroup_parent(), "/kubepods/besteffort/podu1");
+    assert_eq!(
+        snapshot.resources().map(|r| r.memory_limit_in_bytes),
+        Some(64 << 20)
+    );
+    assert_eq!(
+        fake.sandboxes()[0].cgroup_parent(),
+        "/kubepods/besteffort/podu1"
+    );
     assert_eq!(
         fake.sandboxes()[0].config.log_directory,
         "/var/log/pods/default_web_u1"
@@ -429,7 +496,9 @@ async fn container_lifecycle_keeps_the_config() {
 
     // Default stop behaviour: the process dies of SIGTERM.
     stop(&mut rt, &id, 30).await;
-    let status = container_status(&mut rt, &id, false).await.unwrap_or_else(|e| panic!("{e}"));
+    let status = container_status(&mut rt, &id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let status = status.status.unwrap_or_default();
     assert_eq!(status.state(), cri::ContainerState::ContainerExited);
     assert_eq!((status.exit_code, status.reason.as_str()), (143, "Error"));
@@ -444,13 +513,16 @@ async fn container_lifecycle_keeps_the_config() {
         .unwrap_or_else(|e| panic!("RemoveContainer is idempotent: {e}"));
     }
     assert!(fake.containers().is_empty());
-    let err = container_status(&mut rt, &id, false).await.err().unwrap_or_else(|| panic!("removed container has a status"));
+    let err = container_status(&mut rt, &id, false)
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("removed container has a status"));
     assert_eq!(err.code(), Code::NotFound);
 }
 
 #[tokio::test]
 async fn creating_in_a_stopped_sandbox_fails() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     fake.add_image("busybox");
     let sandbox = run_sandbox(&mut rt, sandbox_config("web", "u1", 0, false)).await;
@@ -468,7 +540,7 @@ async fn creating_in_a_stopped_sandbox_fails() {
 
 #[tokio::test(start_paused = true)]
 async fn stop_waits_the_timeout_for_a_process_that_ignores_sigterm() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     fake.set_stop_behaviour("app", StopBehaviour::IgnoresSigterm);
     let (_, id) = running_pod(&fake, &mut rt, "web").await;
@@ -476,13 +548,18 @@ async fn stop_waits_the_timeout_for_a_process_that_ignores_sigterm() {
     let before = tokio::time::Instant::now();
     stop(&mut rt, &id, 30).await;
     assert!(before.elapsed() >= Duration::from_secs(30));
-    let exited = fake.container_named("app").unwrap_or_else(|| panic!("gone"));
-    assert_eq!((exited.state, exited.exit_code), (cri::ContainerState::ContainerExited, 137));
+    let exited = fake
+        .container_named("app")
+        .unwrap_or_else(|| panic!("gone"));
+    assert_eq!(
+        (exited.state, exited.exit_code),
+        (cri::ContainerState::ContainerExited, 137)
+    );
 }
 
 #[tokio::test]
 async fn stop_exit_codes_follow_the_process() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     fake.set_stop_behaviour("app", StopBehaviour::ExitsWith(0));
     let (_, graceful) = running_pod(&fake, &mut rt, "graceful").await;
@@ -497,7 +574,10 @@ async fn stop_exit_codes_follow_the_process() {
             .unwrap_or_else(|| panic!("no container {id}"))
     };
     let graceful = by_id(&graceful);
-    assert_eq!((graceful.exit_code, graceful.reason.as_str()), (0, "Completed"));
+    assert_eq!(
+        (graceful.exit_code, graceful.reason.as_str()),
+        (0, "Completed")
+    );
     // Timeout 0 is SIGKILL straight away, whatever the process does with SIGTERM.
     let killed = by_id(&killed);
     assert_eq!((killed.exit_code, killed.reason.as_str()), (137, "Error"));
@@ -505,15 +585,20 @@ async fn stop_exit_codes_follow_the_process() {
 
 #[tokio::test]
 async fn exit_simulation_shows_in_status() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     let (_, id) = running_pod(&fake, &mut rt, "web").await;
 
     fake.exit_container(&id, 137, "OOMKilled");
-    let status = container_status(&mut rt, &id, false).await.unwrap_or_else(|e| panic!("{e}"));
+    let status = container_status(&mut rt, &id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let status = status.status.unwrap_or_default();
     assert_eq!(status.state(), cri::ContainerState::ContainerExited);
-    assert_eq!((status.exit_code, status.reason.as_str()), (137, "OOMKilled"));
+    assert_eq!(
+        (status.exit_code, status.reason.as_str()),
+        (137, "OOMKilled")
+    );
     assert!(status.finished_at > 0);
 
     let running = list_containers(
@@ -531,7 +616,7 @@ async fn exit_simulation_shows_in_status() {
 
 #[tokio::test]
 async fn removing_a_running_container_kills_it_like_containerd() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     let (_, id) = running_pod(&fake, &mut rt, "web").await;
     rt.remove_container(cri::RemoveContainerRequest { container_id: id })
@@ -542,7 +627,7 @@ async fn removing_a_running_container_kills_it_like_containerd() {
 
 #[tokio::test]
 async fn stopping_and_removing_a_sandbox_takes_its_containers() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     let (sandbox, id) = running_pod(&fake, &mut rt, "web").await;
     let (_, other) = running_pod(&fake, &mut rt, "other").await;
@@ -552,27 +637,39 @@ async fn stopping_and_removing_a_sandbox_takes_its_containers() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let status = container_status(&mut rt, &id, false).await.unwrap_or_else(|e| panic!("{e}"));
+    let status = container_status(&mut rt, &id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let status = status.status.unwrap_or_default();
-    assert_eq!((status.state(), status.exit_code), (cri::ContainerState::ContainerExited, 137));
+    assert_eq!(
+        (status.state(), status.exit_code),
+        (cri::ContainerState::ContainerExited, 137)
+    );
 
     rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
         pod_sandbox_id: sandbox,
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(list_containers(&mut rt, None).await, [other.clone()]);
-    let other_status = fake.container_named("app").unwrap_or_else(|| panic!("other pod's container gone"));
-    assert_eq!((other_status.id, other_status.state), (other, cri::ContainerState::ContainerRunning));
+    assert_eq!(list_containers(&mut rt, None).await, [other.as_str()]);
+    let other_status = fake
+        .container_named("app")
+        .unwrap_or_else(|| panic!("other pod's container gone"));
+    assert_eq!(
+        (other_status.id, other_status.state),
+        (other, cri::ContainerState::ContainerRunning)
+    );
 }
 
-#[tokio::test]
-async fn list_filters_combine() {
-    let fake = FakeCri::start().await;
-    let (mut rt, _) = connect(&fake).await;
-    let (web, web_app) = running_pod(&fake, &mut rt, "web").await;
-    let (db, db_app) = running_pod(&fake, &mut rt, "db").await;
-    let db_sidecar = create_container(&mut rt, &db, container_config("sidecar", "busybox"))
+/// Pod "web" (stopped, its `app` exited) and pod "db" (ready, `app` running, `sidecar` created):
+/// (web, web app, db, db app, db sidecar).
+async fn two_pods(
+    fake: &FakeCri,
+    rt: &mut RuntimeServiceClient<Channel>,
+) -> (String, String, String, String, String) {
+    let (web, web_app) = running_pod(fake, rt, "web").await;
+    let (db, db_app) = running_pod(fake, rt, "db").await;
+    let db_sidecar = create_container(rt, &db, container_config("sidecar", "busybox"))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
@@ -580,26 +677,56 @@ async fn list_filters_combine() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
+    (web, web_app, db, db_app, db_sidecar)
+}
 
-    let sandbox_filter = |id: &str, state: Option<cri::PodSandboxState>, selector: &[(&str, &str)]| {
-        Some(cri::PodSandboxFilter {
-            id: id.to_owned(),
-            state: state.map(|s| cri::PodSandboxStateValue { state: s.into() }),
-            label_selector: labels(selector),
-        })
-    };
-    assert_eq!(list_sandboxes(&mut rt, None).await, [web.clone(), db.clone()]);
-    assert_eq!(list_sandboxes(&mut rt, sandbox_filter(&db, None, &[])).await, [db.clone()]);
-    // containerd also finds a sandbox by a unique id prefix.
-    assert_eq!(list_sandboxes(&mut rt, sandbox_filter(&db[..12], None, &[])).await, [db.clone()]);
-    assert!(list_sandboxes(&mut rt, sandbox_filter("ffff0000nothere", None, &[])).await.is_empty());
+#[tokio::test]
+async fn sandbox_list_filters_combine() {
+    let fake = FakeCri::start();
+    let (mut rt, _) = connect(&fake).await;
+    let (web, _, db, _, _) = two_pods(&fake, &mut rt).await;
+
+    let sandbox_filter =
+        |id: &str, state: Option<cri::PodSandboxState>, selector: &[(&str, &str)]| {
+            Some(cri::PodSandboxFilter {
+                id: id.to_owned(),
+                state: state.map(|s| cri::PodSandboxStateValue { state: s.into() }),
+                label_selector: labels(selector),
+            })
+        };
     assert_eq!(
-        list_sandboxes(&mut rt, sandbox_filter("", Some(cri::PodSandboxState::SandboxReady), &[])).await,
-        [db.clone()]
+        list_sandboxes(&mut rt, None).await,
+        [web.clone(), db.clone()]
     );
     assert_eq!(
-        list_sandboxes(&mut rt, sandbox_filter("", None, &[("io.kubernetes.pod.name", "web")])).await,
-        [web.clone()]
+        list_sandboxes(&mut rt, sandbox_filter(&db, None, &[])).await,
+        [db.as_str()]
+    );
+    // containerd also finds a sandbox by a unique id prefix.
+    assert_eq!(
+        list_sandboxes(&mut rt, sandbox_filter(&db[..12], None, &[])).await,
+        [db.as_str()]
+    );
+    assert!(
+        list_sandboxes(&mut rt, sandbox_filter("ffff0000nothere", None, &[]))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        list_sandboxes(
+            &mut rt,
+            sandbox_filter("", Some(cri::PodSandboxState::SandboxReady), &[])
+        )
+        .await,
+        [db.as_str()]
+    );
+    assert_eq!(
+        list_sandboxes(
+            &mut rt,
+            sandbox_filter("", None, &[("io.kubernetes.pod.name", "web")])
+        )
+        .await,
+        [web.as_str()]
     );
     assert!(
         list_sandboxes(
@@ -612,11 +739,25 @@ async fn list_filters_combine() {
     assert!(
         list_sandboxes(
             &mut rt,
-            sandbox_filter("", None, &[("io.kubernetes.pod.name", "web"), ("io.kubernetes.pod.uid", "other")])
+            sandbox_filter(
+                "",
+                None,
+                &[
+                    ("io.kubernetes.pod.name", "web"),
+                    ("io.kubernetes.pod.uid", "other")
+                ]
+            )
         )
         .await
         .is_empty()
     );
+}
+
+#[tokio::test]
+async fn container_list_filters_combine() {
+    let fake = FakeCri::start();
+    let (mut rt, _) = connect(&fake).await;
+    let (web, web_app, db, db_app, db_sidecar) = two_pods(&fake, &mut rt).await;
 
     let container_filter =
         |id: &str, sandbox: &str, state: Option<cri::ContainerState>, selector: &[(&str, &str)]| {
@@ -637,15 +778,23 @@ async fn list_filters_combine() {
     );
     assert_eq!(
         list_containers(&mut rt, container_filter(&web_app, "", None, &[])).await,
-        [web_app.clone()]
+        [web_app.as_str()]
     );
     assert_eq!(
-        list_containers(&mut rt, container_filter("", "", Some(cri::ContainerState::ContainerCreated), &[])).await,
-        [db_sidecar.clone()]
+        list_containers(
+            &mut rt,
+            container_filter("", "", Some(cri::ContainerState::ContainerCreated), &[])
+        )
+        .await,
+        [db_sidecar.as_str()]
     );
     assert_eq!(
-        list_containers(&mut rt, container_filter("", "", Some(cri::ContainerState::ContainerExited), &[])).await,
-        [web_app.clone()]
+        list_containers(
+            &mut rt,
+            container_filter("", "", Some(cri::ContainerState::ContainerExited), &[])
+        )
+        .await,
+        [web_app.as_str()]
     );
     assert_eq!(
         list_containers(
@@ -664,7 +813,7 @@ async fn list_filters_combine() {
 
 #[tokio::test]
 async fn images_are_normalised_and_missing_ones_are_not_errors() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, mut img) = connect(&fake).await;
 
     assert!(image_status(&mut img, "busybox").await.is_none());
@@ -683,7 +832,10 @@ async fn images_are_normalised_and_missing_ones_are_not_errors() {
     assert_eq!(image.repo_tags, ["docker.io/library/busybox:latest"]);
     assert!(image.id.starts_with("sha256:"));
     // The same image by its canonical name and by its id.
-    assert_eq!(image_status(&mut img, "docker.io/library/busybox:latest").await, Some(image.clone()));
+    assert_eq!(
+        image_status(&mut img, "docker.io/library/busybox:latest").await,
+        Some(image.clone())
+    );
     assert_eq!(image_status(&mut img, &image.id).await, Some(image.clone()));
     assert!(image_status(&mut img, "busybox:1.36").await.is_none());
 
@@ -693,7 +845,7 @@ async fn images_are_normalised_and_missing_ones_are_not_errors() {
         .unwrap_or_else(|e| panic!("ListImages: {e}"))
         .into_inner()
         .images;
-    assert_eq!(listed, [image.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&image));
 
     img.remove_image(cri::RemoveImageRequest {
         image: Some(cri::ImageSpec {
@@ -709,7 +861,7 @@ async fn images_are_normalised_and_missing_ones_are_not_errors() {
 
 #[tokio::test]
 async fn pulls_fail_unless_enabled() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (_, mut img) = connect(&fake).await;
     let pull = |reference: &str| cri::PullImageRequest {
         image: Some(cri::ImageSpec {
@@ -727,7 +879,8 @@ async fn pulls_fail_unless_enabled() {
         .unwrap_or_else(|| panic!("pulled without a registry"));
     assert_eq!(err.code(), Code::Unknown);
     assert!(
-        err.message().starts_with("failed to pull and unpack image \"docker.io/library/nginx:1.27\""),
+        err.message()
+            .starts_with("failed to pull and unpack image \"docker.io/library/nginx:1.27\""),
         "{err}"
     );
     assert!(fake.images().is_empty());
@@ -746,7 +899,7 @@ async fn pulls_fail_unless_enabled() {
 
 #[tokio::test]
 async fn unavailable_mode_fails_every_call_until_cleared() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, mut img) = connect(&fake).await;
     fake.set_unavailable(true);
 
@@ -777,12 +930,15 @@ async fn unavailable_mode_fails_every_call_until_cleared() {
     rt.version(cri::VersionRequest::default())
         .await
         .unwrap_or_else(|e| panic!("Version after the outage: {e}"));
-    assert_eq!(fake.calls(), ["Version", "ListImages", "RunPodSandbox", "Version"]);
+    assert_eq!(
+        fake.calls(),
+        ["Version", "ListImages", "RunPodSandbox", "Version"]
+    );
 }
 
 #[tokio::test]
 async fn injected_failure_hits_the_next_call_only() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     fake.add_image("busybox");
     let sandbox = run_sandbox(&mut rt, sandbox_config("web", "u1", 0, false)).await;
@@ -792,13 +948,19 @@ async fn injected_failure_hits_the_next_call_only() {
         .await
         .err()
         .unwrap_or_else(|| panic!("the injected failure did not happen"));
-    assert_eq!((err.code(), err.message()), (Code::ResourceExhausted, "disk full"));
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::ResourceExhausted, "disk full")
+    );
     assert!(fake.containers().is_empty());
     let id = create_container(&mut rt, &sandbox, container_config("app", "busybox"))
         .await
         .unwrap_or_else(|e| panic!("the failure was injected once only: {e}"));
     assert_eq!(fake.containers()[0].id, id);
-    assert_eq!(fake.calls(), ["RunPodSandbox", "CreateContainer", "CreateContainer"]);
+    assert_eq!(
+        fake.calls(),
+        ["RunPodSandbox", "CreateContainer", "CreateContainer"]
+    );
     assert_eq!(fake.call_count("CreateContainer"), 2);
     fake.clear_calls();
     assert!(fake.calls().is_empty());
@@ -807,24 +969,31 @@ async fn injected_failure_hits_the_next_call_only() {
 #[tokio::test]
 #[should_panic(expected = "no RPC named")]
 async fn injecting_into_an_unknown_rpc_is_a_test_bug() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     fake.fail_next("CreateContainers", Code::Internal, "typo");
 }
 
 #[tokio::test(start_paused = true)]
 async fn delayed_calls_trip_the_client_deadline() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     fake.delay_calls(Duration::from_secs(10));
 
-    let late = tokio::time::timeout(Duration::from_secs(2), rt.version(cri::VersionRequest::default())).await;
+    let late = tokio::time::timeout(
+        Duration::from_secs(2),
+        rt.version(cri::VersionRequest::default()),
+    )
+    .await;
     assert!(late.is_err(), "answered before the delay");
 
     let before = tokio::time::Instant::now();
-    tokio::time::timeout(Duration::from_secs(60), rt.version(cri::VersionRequest::default()))
-        .await
-        .unwrap_or_else(|_| panic!("no answer after the delay"))
-        .unwrap_or_else(|e| panic!("Version: {e}"));
+    tokio::time::timeout(
+        Duration::from_mins(1),
+        rt.version(cri::VersionRequest::default()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no answer after the delay"))
+    .unwrap_or_else(|e| panic!("Version: {e}"));
     assert!(before.elapsed() >= Duration::from_secs(10));
 
     fake.delay_calls(Duration::ZERO);
@@ -835,7 +1004,7 @@ async fn delayed_calls_trip_the_client_deadline() {
 
 #[tokio::test]
 async fn exec_answers_what_the_test_set() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
     let (_, id) = running_pod(&fake, &mut rt, "web").await;
     fake.set_exec_result("app", 1, "not ready");
@@ -848,7 +1017,10 @@ async fn exec_answers_what_the_test_set() {
         .await
         .unwrap_or_else(|e| panic!("ExecSync: {e}"))
         .into_inner();
-    assert_eq!((exec.exit_code, exec.stdout.as_slice()), (1, b"not ready".as_slice()));
+    assert_eq!(
+        (exec.exit_code, exec.stdout.as_slice()),
+        (1, b"not ready".as_slice())
+    );
 
     fake.exit_container(&id, 0, "");
     let err = rt
@@ -865,10 +1037,13 @@ async fn exec_answers_what_the_test_set() {
 
 #[tokio::test]
 async fn dropping_the_fake_stops_serving() {
-    let fake = FakeCri::start().await;
+    let fake = FakeCri::start();
     let socket = fake.socket_path().to_owned();
     let endpoint = fake.endpoint();
-    assert!(endpoint.starts_with("unix:///") && endpoint.ends_with("/cri.sock"), "{endpoint}");
+    assert!(
+        endpoint.starts_with("unix:///") && endpoint.ends_with("/cri.sock"),
+        "{endpoint}"
+    );
     assert!(socket.exists());
     drop(fake);
     assert!(!socket.exists());
@@ -881,12 +1056,30 @@ async fn dropping_the_fake_stops_serving() {
 
 #[test]
 fn references_normalise_like_containerd() {
-    assert_eq!(normalise_image("busybox"), "docker.io/library/busybox:latest");
-    assert_eq!(normalise_image("busybox:1.36"), "docker.io/library/busybox:1.36");
-    assert_eq!(normalise_image("library/busybox"), "docker.io/library/busybox:latest");
-    assert_eq!(normalise_image("bitnami/redis:7"), "docker.io/bitnami/redis:7");
-    assert_eq!(normalise_image("registry.k8s.io/pause:3.9"), "registry.k8s.io/pause:3.9");
-    assert_eq!(normalise_image("localhost:5000/app"), "localhost:5000/app:latest");
+    assert_eq!(
+        normalise_image("busybox"),
+        "docker.io/library/busybox:latest"
+    );
+    assert_eq!(
+        normalise_image("busybox:1.36"),
+        "docker.io/library/busybox:1.36"
+    );
+    assert_eq!(
+        normalise_image("library/busybox"),
+        "docker.io/library/busybox:latest"
+    );
+    assert_eq!(
+        normalise_image("bitnami/redis:7"),
+        "docker.io/bitnami/redis:7"
+    );
+    assert_eq!(
+        normalise_image("registry.k8s.io/pause:3.9"),
+        "registry.k8s.io/pause:3.9"
+    );
+    assert_eq!(
+        normalise_image("localhost:5000/app"),
+        "localhost:5000/app:latest"
+    );
     assert_eq!(
         normalise_image("busybox@sha256:abcd"),
         "docker.io/library/busybox@sha256:abcd"

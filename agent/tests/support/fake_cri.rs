@@ -100,7 +100,10 @@ pub struct FakeSandbox {
 impl FakeSandbox {
     /// The pod name from the metadata.
     pub fn name(&self) -> &str {
-        self.config.metadata.as_ref().map_or("", |m| m.name.as_str())
+        self.config
+            .metadata
+            .as_ref()
+            .map_or("", |m| m.name.as_str())
     }
 
     /// The pod uid from the metadata.
@@ -174,7 +177,7 @@ pub struct FakeContainer {
     pub started_at: i64,
     pub finished_at: i64,
     pub exit_code: i32,
-    /// "Completed", "Error", "OOMKilled" or what the test gave `exit_container`.
+    /// "Completed", "Error", "`OOMKilled`" or what the test gave `exit_container`.
     pub reason: String,
     pub message: String,
     /// `<sandbox log_directory>/<config log_path>`, empty when the config has no log path.
@@ -192,7 +195,10 @@ pub struct FakeContainer {
 impl FakeContainer {
     /// The container name from the metadata.
     pub fn name(&self) -> &str {
-        self.config.metadata.as_ref().map_or("", |m| m.name.as_str())
+        self.config
+            .metadata
+            .as_ref()
+            .map_or("", |m| m.name.as_str())
     }
 
     /// The attempt from the metadata.
@@ -211,7 +217,10 @@ impl FakeContainer {
 
     /// `linux.resources` of the config.
     pub fn resources(&self) -> Option<&cri::LinuxContainerResources> {
-        self.config.linux.as_ref().and_then(|l| l.resources.as_ref())
+        self.config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
     }
 
     fn to_summary(&self) -> cri::Container {
@@ -262,7 +271,7 @@ impl FakeContainer {
     fn finish(&mut self, exit_code: i32, reason: &str) {
         self.state = cri::ContainerState::ContainerExited;
         self.exit_code = exit_code;
-        self.reason = reason.to_owned();
+        reason.clone_into(&mut self.reason);
         self.finished_at = now_nanos();
         self.pid = 0;
     }
@@ -406,7 +415,7 @@ fn namespace_network(config: &cri::PodSandboxConfig) -> cri::NamespaceMode {
         .as_ref()
         .and_then(|l| l.security_context.as_ref())
         .and_then(|s| s.namespace_options.as_ref())
-        .map_or(cri::NamespaceMode::Pod, |n| n.network())
+        .map_or(cri::NamespaceMode::Pod, cri::NamespaceOption::network)
 }
 
 /// Sandbox names as containerd builds them; a name stays reserved until the sandbox is removed.
@@ -455,7 +464,11 @@ pub fn normalise_image(reference: &str) -> String {
     };
     match digest {
         Some(digest) => format!("{domain}/{path}@{digest}"),
-        None if path.rsplit('/').next().is_some_and(|last| last.contains(':')) => {
+        None if path
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':')) =>
+        {
             format!("{domain}/{path}")
         }
         None => format!("{domain}/{path}:latest"),
@@ -519,11 +532,7 @@ impl Inner {
                 "connection error: desc = \"transport: error while dialing: dial unix: connect: connection refused\"",
             ));
         }
-        if let Some(status) = state
-            .failures
-            .get_mut(method)
-            .and_then(VecDeque::pop_front)
-        {
+        if let Some(status) = state.failures.get_mut(method).and_then(VecDeque::pop_front) {
             return Err(status);
         }
         Ok(())
@@ -549,8 +558,11 @@ impl std::fmt::Debug for FakeCri {
 
 impl FakeCri {
     /// Starts serving on `<tempdir>/cri.sock` with no sandboxes, containers or images, ready
-    /// network and pulls disabled. Must be called inside a tokio runtime.
-    pub async fn start() -> FakeCri {
+    /// network and pulls disabled.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, or if the socket cannot be created.
+    pub fn start() -> FakeCri {
         let dir = tempfile::tempdir()
             .unwrap_or_else(|e| panic!("creating the fake CRI's temporary directory: {e}"));
         let socket = dir.path().join("cri.sock");
@@ -648,7 +660,7 @@ impl FakeCri {
             .push_back(Status::new(code, message));
     }
 
-    /// Makes `Status` report NetworkReady false and `RunPodSandbox` of a pod-network sandbox fail,
+    /// Makes `Status` report `NetworkReady` false and `RunPodSandbox` of a pod-network sandbox fail,
     /// as containerd does without a CNI config.
     pub fn set_network_ready(&self, ready: bool) {
         self.inner.lock().network_not_ready = !ready;
@@ -768,7 +780,11 @@ impl tower::Service<http::Request<tonic::body::Body>> for BothServices {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        if request.uri().path().starts_with("/runtime.v1.ImageService/") {
+        if request
+            .uri()
+            .path()
+            .starts_with("/runtime.v1.ImageService/")
+        {
             self.images.call(request)
         } else {
             self.runtime.call(request)
@@ -784,7 +800,10 @@ type RpcResult<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl RuntimeService for Runtime {
-    async fn version(&self, _request: Request<cri::VersionRequest>) -> RpcResult<cri::VersionResponse> {
+    async fn version(
+        &self,
+        _request: Request<cri::VersionRequest>,
+    ) -> RpcResult<cri::VersionResponse> {
         self.0.enter("Version").await?;
         Ok(Response::new(cri::VersionResponse {
             version: "0.1.0".to_owned(),
@@ -804,7 +823,9 @@ impl RuntimeService for Runtime {
             return Err(Status::invalid_argument("sandbox config must not be nil"));
         };
         let Some(metadata) = config.metadata.as_ref() else {
-            return Err(Status::invalid_argument("sandbox config must include metadata"));
+            return Err(Status::invalid_argument(
+                "sandbox config must include metadata",
+            ));
         };
         let name = sandbox_name(metadata);
         let mut state = self.0.lock();
@@ -843,7 +864,9 @@ impl RuntimeService for Runtime {
             ip,
             pid,
         });
-        Ok(Response::new(cri::RunPodSandboxResponse { pod_sandbox_id: id }))
+        Ok(Response::new(cri::RunPodSandboxResponse {
+            pod_sandbox_id: id,
+        }))
     }
 
     async fn stop_pod_sandbox(
@@ -929,7 +952,9 @@ impl RuntimeService for Runtime {
             return Err(Status::invalid_argument("container config must not be nil"));
         };
         let Some(metadata) = config.metadata.clone() else {
-            return Err(Status::invalid_argument("container config must include metadata"));
+            return Err(Status::invalid_argument(
+                "container config must include metadata",
+            ));
         };
         let mut state = self.0.lock();
         let sandbox = state.sandboxes[state.sandbox(&request.pod_sandbox_id)?].clone();
@@ -942,7 +967,9 @@ impl RuntimeService for Runtime {
         let sandbox_metadata = sandbox.config.metadata.clone().unwrap_or_default();
         let name = container_name(&metadata, &sandbox_metadata);
         if let Some(owner) = state.containers.iter().find(|c| {
-            c.sandbox_id == sandbox.id && c.name() == metadata.name && c.attempt() == metadata.attempt
+            c.sandbox_id == sandbox.id
+                && c.name() == metadata.name
+                && c.attempt() == metadata.attempt
         }) {
             return Err(Status::unknown(format!(
                 "failed to reserve container name \"{name}\": name \"{name}\" is reserved for \"{}\"",
@@ -981,7 +1008,9 @@ impl RuntimeService for Runtime {
             image,
             pid: 0,
         });
-        Ok(Response::new(cri::CreateContainerResponse { container_id: id }))
+        Ok(Response::new(cri::CreateContainerResponse {
+            container_id: id,
+        }))
     }
 
     async fn start_container(
@@ -1147,7 +1176,10 @@ impl RuntimeService for Runtime {
         ))
     }
 
-    async fn status(&self, _request: Request<cri::StatusRequest>) -> RpcResult<cri::StatusResponse> {
+    async fn status(
+        &self,
+        _request: Request<cri::StatusRequest>,
+    ) -> RpcResult<cri::StatusResponse> {
         self.0.enter("Status").await?;
         let network_ready = !self.0.lock().network_not_ready;
         let network = if network_ready {
@@ -1210,10 +1242,16 @@ impl ImageService for Images {
         request: Request<cri::ImageStatusRequest>,
     ) -> RpcResult<cri::ImageStatusResponse> {
         self.0.enter("ImageStatus").await?;
-        let wanted = request.into_inner().image.map(|i| i.image).unwrap_or_default();
+        let wanted = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
         let state = self.0.lock();
         Ok(Response::new(cri::ImageStatusResponse {
-            image: state.resolve_image(&wanted).map(|present| State::image(&present)),
+            image: state
+                .resolve_image(&wanted)
+                .map(|present| State::image(&present)),
             info: HashMap::new(),
         }))
     }
@@ -1223,7 +1261,11 @@ impl ImageService for Images {
         request: Request<cri::PullImageRequest>,
     ) -> RpcResult<cri::PullImageResponse> {
         self.0.enter("PullImage").await?;
-        let wanted = request.into_inner().image.map(|i| i.image).unwrap_or_default();
+        let wanted = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
         let normalised = normalise_image(&wanted);
         let mut state = self.0.lock();
         if !state.pulls_enabled {
@@ -1249,7 +1291,11 @@ impl ImageService for Images {
         request: Request<cri::RemoveImageRequest>,
     ) -> RpcResult<cri::RemoveImageResponse> {
         self.0.enter("RemoveImage").await?;
-        let wanted = request.into_inner().image.map(|i| i.image).unwrap_or_default();
+        let wanted = request
+            .into_inner()
+            .image
+            .map(|i| i.image)
+            .unwrap_or_default();
         let mut state = self.0.lock();
         if let Some(present) = state.resolve_image(&wanted) {
             state.images.remove(&present);
