@@ -518,6 +518,8 @@ async fn container_lifecycle_keeps_the_config() {
         .err()
         .unwrap_or_else(|| panic!("removed container has a status"));
     assert_eq!(err.code(), Code::NotFound);
+    // StopContainer is idempotent even for a container that is gone.
+    stop(&mut rt, &id, 30).await;
 }
 
 #[tokio::test]
@@ -535,7 +537,9 @@ async fn creating_in_a_stopped_sandbox_fails() {
         .await
         .err()
         .unwrap_or_else(|| panic!("created a container in a stopped sandbox"));
-    assert!(err.message().contains("is not running"), "{err}");
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("no running task found"), "{err}");
+    assert!(fake.containers().is_empty());
 }
 
 #[tokio::test(start_paused = true)]

@@ -957,10 +957,17 @@ impl RuntimeService for Runtime {
             ));
         };
         let mut state = self.0.lock();
-        let sandbox = state.sandboxes[state.sandbox(&request.pod_sandbox_id)?].clone();
+        let Some(index) = state.sandbox_index(&request.pod_sandbox_id) else {
+            return Err(Status::not_found(format!(
+                "failed to find sandbox id \"{}\": not found",
+                request.pod_sandbox_id
+            )));
+        };
+        let sandbox = state.sandboxes[index].clone();
+        // containerd looks up the pause task, which a stopped sandbox no longer has.
         if sandbox.state != cri::PodSandboxState::SandboxReady {
-            return Err(Status::unknown(format!(
-                "failed to create containerd container: sandbox container \"{}\" is not running",
+            return Err(Status::not_found(format!(
+                "failed to get sandbox container task: no running task found: task {} not found",
                 sandbox.id
             )));
         }
@@ -979,7 +986,7 @@ impl RuntimeService for Runtime {
         let wanted = config.image.as_ref().map_or("", |i| i.image.as_str());
         let Some(image) = state.resolve_image(wanted) else {
             return Err(Status::not_found(format!(
-                "failed to resolve image \"{wanted}\": no such image"
+                "failed to resolve image \"{wanted}\": not found"
             )));
         };
         let id = state.new_id();
@@ -1053,8 +1060,12 @@ impl RuntimeService for Runtime {
         let request = request.into_inner();
         let behaviour = {
             let state = self.0.lock();
-            let container = &state.containers[state.container(&request.container_id)?];
-            // Stopping a created or exited container is a no-op in containerd.
+            // containerd answers success for an unknown container (the RPC is idempotent) and
+            // for one that is created or exited.
+            let Some(index) = state.container_index(&request.container_id) else {
+                return Ok(Response::new(cri::StopContainerResponse {}));
+            };
+            let container = &state.containers[index];
             if container.state != cri::ContainerState::ContainerRunning {
                 return Ok(Response::new(cri::StopContainerResponse {}));
             }
