@@ -10,7 +10,7 @@ use std::time::Duration;
 use ringlet_proto::runtime::v1 as cri;
 use ringlet_proto::runtime::v1::image_service_client::ImageServiceClient;
 use ringlet_proto::runtime::v1::runtime_service_client::RuntimeServiceClient;
-use support::fake_cri::{FakeCri, StopBehaviour, normalise_image};
+use support::fake_cri::{FakeCri, StopBehaviour, image_id, normalise_image};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
@@ -51,7 +51,12 @@ fn sandbox_config(
             namespace: "default".to_owned(),
             attempt,
         }),
-        hostname: name.to_owned(),
+        // runc refuses a hostname without a private UTS namespace, so host-network pods have none.
+        hostname: if host_network {
+            String::new()
+        } else {
+            name.to_owned()
+        },
         log_directory: format!("/var/log/pods/default_{name}_{uid}"),
         labels: labels(&[
             ("io.kubernetes.pod.name", name),
@@ -391,6 +396,28 @@ async fn sandbox_lifecycle_follows_containerd() {
 }
 
 #[tokio::test]
+async fn host_network_sandbox_with_a_hostname_fails_like_runc() {
+    let fake = FakeCri::start();
+    let (mut rt, _) = connect(&fake).await;
+    let mut config = sandbox_config("host", "u1", 0, true);
+    config.hostname = "host".to_owned();
+    let err = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        })
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("a host-network sandbox took a hostname"));
+    assert!(
+        err.message()
+            .contains("unable to set hostname without a private UTS namespace"),
+        "{err}"
+    );
+    assert!(fake.sandboxes().is_empty());
+}
+
+#[tokio::test]
 async fn host_network_sandbox_has_no_ip() {
     let fake = FakeCri::start();
     let (mut rt, _) = connect(&fake).await;
@@ -457,13 +484,23 @@ async fn container_lifecycle_keeps_the_config() {
         status.image.unwrap_or_default().image,
         "docker.io/library/busybox:latest"
     );
-    assert!(
-        status
-            .image_ref
-            .starts_with("docker.io/library/busybox@sha256:"),
-        "{}",
-        status.image_ref
+    // Images imported without a registry have no repo digest: the reference is the image id.
+    assert_eq!(
+        status.image_ref,
+        image_id("docker.io/library/busybox:latest")
     );
+    let listed = rt
+        .list_containers(cri::ListContainersRequest::default())
+        .await
+        .unwrap_or_else(|e| panic!("ListContainers: {e}"))
+        .into_inner()
+        .containers;
+    // The summary repeats the image as the config named it.
+    assert_eq!(
+        listed[0].image.as_ref().map(|i| i.image.as_str()),
+        Some("busybox")
+    );
+    assert_eq!(listed[0].image_ref, status.image_ref);
     assert_eq!(status.mounts.len(), 1);
     let info: serde_json::Value = serde_json::from_str(&response.info["info"])
         .unwrap_or_else(|e| panic!("verbose info is not JSON: {e}"));
@@ -493,8 +530,15 @@ async fn container_lifecycle_keeps_the_config() {
         fake.sandboxes()[0].config.log_directory,
         "/var/log/pods/default_web_u1"
     );
+}
 
-    // Default stop behaviour: the process dies of SIGTERM.
+#[tokio::test]
+async fn stop_and_remove_are_idempotent() {
+    let fake = FakeCri::start();
+    let (mut rt, _) = connect(&fake).await;
+    let (_, id) = running_pod(&fake, &mut rt, "web").await;
+
+    // Default stop behaviour: the process dies of SIGTERM, as busybox `sleep` does on the lab.
     stop(&mut rt, &id, 30).await;
     let status = container_status(&mut rt, &id, false)
         .await
@@ -518,8 +562,16 @@ async fn container_lifecycle_keeps_the_config() {
         .err()
         .unwrap_or_else(|| panic!("removed container has a status"));
     assert_eq!(err.code(), Code::NotFound);
-    // StopContainer is idempotent even for a container that is gone.
-    stop(&mut rt, &id, 30).await;
+    // Repeating a stop is fine, but containerd 1.6.20 does not know a removed container.
+    let err = rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: id,
+            timeout: 30,
+        })
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("stopping a removed container succeeded"));
+    assert_eq!(err.code(), Code::NotFound);
 }
 
 #[tokio::test]

@@ -228,16 +228,13 @@ impl FakeContainer {
             id: self.id.clone(),
             pod_sandbox_id: self.sandbox_id.clone(),
             metadata: self.config.metadata.clone(),
-            image: Some(cri::ImageSpec {
-                image: self.image_id.clone(),
-                ..cri::ImageSpec::default()
-            }),
+            image: self.config.image.clone(),
             image_ref: self.image_id.clone(),
             state: self.state.into(),
             created_at: self.created_at,
             labels: self.config.labels.clone(),
             annotations: self.config.annotations.clone(),
-            image_id: self.image_id.clone(),
+            image_id: String::new(),
         }
     }
 
@@ -254,7 +251,7 @@ impl FakeContainer {
                 image: self.image.clone(),
                 ..cri::ImageSpec::default()
             }),
-            image_ref: repo_digest(&self.image),
+            image_ref: self.image_id.clone(),
             reason: self.reason.clone(),
             message: self.message.clone(),
             labels: self.config.labels.clone(),
@@ -264,7 +261,7 @@ impl FakeContainer {
             resources: self.resources().map(|r| cri::ContainerResources {
                 linux: Some(r.clone()),
             }),
-            image_id: self.image_id.clone(),
+            image_id: String::new(),
         }
     }
 
@@ -373,7 +370,8 @@ impl State {
             } else {
                 vec![reference.to_owned()]
             },
-            repo_digests: vec![repo_digest(reference)],
+            // Images imported into the lab's containerd have no repo digest.
+            repo_digests: Vec::new(),
             size: 4_096_000,
             uid: None,
             username: String::new(),
@@ -478,18 +476,6 @@ pub fn normalise_image(reference: &str) -> String {
 /// The fake id of an image: `sha256:` and the hash of its normalised reference.
 pub fn image_id(reference: &str) -> String {
     format!("sha256:{}", hex(&Sha256::digest(reference.as_bytes())))
-}
-
-fn repo_digest(reference: &str) -> String {
-    if reference.contains('@') {
-        return reference.to_owned();
-    }
-    let repository = reference
-        .rsplit_once(':')
-        .filter(|(_, tag)| !tag.contains('/'))
-        .map_or(reference, |(repository, _)| repository);
-    let manifest = Sha256::digest(format!("manifest of {reference}"));
-    format!("{repository}@sha256:{}", hex(&manifest))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -841,6 +827,13 @@ impl RuntimeService for Runtime {
         }
         let id = state.new_id();
         let host_network = namespace_network(&config) == cri::NamespaceMode::Node;
+        if host_network && !config.hostname.is_empty() {
+            return Err(Status::unknown(
+                "failed to create containerd task: failed to create shim task: OCI runtime create \
+                 failed: runc create failed: unable to set hostname without a private UTS \
+                 namespace: unknown",
+            ));
+        }
         if !host_network && state.network_not_ready {
             return Err(Status::unknown(format!(
                 "failed to setup network for sandbox \"{id}\": cni plugin not initialized"
@@ -902,7 +895,13 @@ impl RuntimeService for Runtime {
         self.0.enter("PodSandboxStatus").await?;
         let request = request.into_inner();
         let state = self.0.lock();
-        let sandbox = &state.sandboxes[state.sandbox(&request.pod_sandbox_id)?];
+        // containerd 1.6 leaves the id out of this one message.
+        let Some(index) = state.sandbox_index(&request.pod_sandbox_id) else {
+            return Err(Status::not_found(
+                "an error occurred when try to find sandbox: not found",
+            ));
+        };
+        let sandbox = &state.sandboxes[index];
         let mut info = HashMap::new();
         if request.verbose {
             let details = serde_json::json!({
@@ -967,7 +966,7 @@ impl RuntimeService for Runtime {
         // containerd looks up the pause task, which a stopped sandbox no longer has.
         if sandbox.state != cri::PodSandboxState::SandboxReady {
             return Err(Status::not_found(format!(
-                "failed to get sandbox container task: no running task found: task {} not found",
+                "failed to get sandbox container task: no running task found: task {} not found: not found",
                 sandbox.id
             )));
         }
@@ -1031,7 +1030,7 @@ impl RuntimeService for Runtime {
         let current = state.containers[index].state;
         if current != cri::ContainerState::ContainerCreated {
             return Err(Status::unknown(format!(
-                "failed to start container \"{id}\": container is in {} state",
+                "failed to set starting state for container \"{id}\": container is in {} state",
                 current.as_str_name()
             )));
         }
@@ -1060,12 +1059,8 @@ impl RuntimeService for Runtime {
         let request = request.into_inner();
         let behaviour = {
             let state = self.0.lock();
-            // containerd answers success for an unknown container (the RPC is idempotent) and
-            // for one that is created or exited.
-            let Some(index) = state.container_index(&request.container_id) else {
-                return Ok(Response::new(cri::StopContainerResponse {}));
-            };
-            let container = &state.containers[index];
+            let container = &state.containers[state.container(&request.container_id)?];
+            // Stopping a created or exited container is a no-op in containerd.
             if container.state != cri::ContainerState::ContainerRunning {
                 return Ok(Response::new(cri::StopContainerResponse {}));
             }
