@@ -1,17 +1,26 @@
 //! A fake CRI runtime for the component tests: serves the `runtime.v1` `RuntimeService` and
 //! `ImageService` on a unix socket in a temporary directory, keeps sandboxes, containers and images
 //! in memory, and lets a test steer it (process exits, outages, slow answers, injected errors).
-//!
-//! It answers like containerd 1.6's CRI plugin on the points the agent relies on (error codes and
-//! messages, idempotent stop/remove, name reservation, exit codes after a stop, image reference
-//! normalisation). It plays the part of `k8s.io/cri-api/pkg/apis/testing`'s `FakeRuntimeService` /
+//! It plays the part of `k8s.io/cri-api/pkg/apis/testing`'s `FakeRuntimeService` /
 //! `FakeImageService` in the kubelet's `pkg/kubelet/kuberuntime` tests, but over a real socket.
 //!
-//! Stopping a container follows what the container's process does with SIGTERM, chosen per container
-//! name with [`FakeCri::set_stop_behaviour`]: by default the process dies of the signal (exit code
-//! 143, as a process without a handler does); [`StopBehaviour::IgnoresSigterm`] makes
-//! `StopContainer` wait the whole timeout and then report 137 (SIGKILL), like `sleep` as PID 1 does
-//! on the lab's containerd. A timeout of 0 kills at once (137).
+//! It answers like the lab's containerd 1.6.20 (probed, not guessed) where the agent depends on it:
+//! error codes and messages, stop and remove idempotence (but `StopContainer`,
+//! `StopPodSandbox` and the status calls answer `NotFound` for an unknown id), name reservation
+//! until removal, containers killed with 137 when their sandbox stops or they are removed while
+//! running, `ImageStatus` answering an empty response for an absent image, references normalised
+//! (`busybox` is `docker.io/library/busybox:latest`), and images without repo digests (so
+//! `image_ref` is the `sha256:` id), as images imported without a registry are.
+//!
+//! Stopping a container follows what its process does with SIGTERM, chosen per container name with
+//! [`FakeCri::set_stop_behaviour`]: by default the process dies of the signal (143, as busybox
+//! `sleep` in a shared pod PID namespace does); [`StopBehaviour::IgnoresSigterm`] makes
+//! `StopContainer` wait the whole timeout (tokio time) and then report 137, as `sleep` does as PID 1
+//! of its own PID namespace. A timeout of 0 kills at once (137).
+//!
+//! Not modelled: log files (containerd creates `<log_directory>/<log_path>`; the fake only reports
+//! the path), the pause image, `ListContainerStats`, container events, and the order of list
+//! results (creation order here, unspecified in containerd).
 
 #![allow(
     dead_code,
