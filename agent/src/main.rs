@@ -13,7 +13,7 @@ use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
 use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
-use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager};
+use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server;
 use tokio::sync::watch;
@@ -81,12 +81,21 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
     let helper = Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
+        host_ip: ringlet::kubelet::node_ip().to_string(),
         root_dir: config.root_dir.clone(),
         pod_cgroups: Arc::clone(&pod_cgroups),
     });
-    let cri = CriClient::connect_lazy(&kc.container_runtime_endpoint, kc.runtime_request_timeout)
+    let cri = CriClient::new(&kc.container_runtime_endpoint, kc.runtime_request_timeout)
         .context("cannot set up the CRI client")?;
-    let runtime: Arc<dyn Runtime> = Arc::new(KubeGenericRuntimeManager::new(cri, helper));
+    let runtime: Arc<dyn Runtime> = Arc::new(KubeGenericRuntimeManager::new(
+        cri,
+        helper,
+        recorder.clone(),
+        RuntimeSettings {
+            memory_capacity_bytes: memory_capacity_bytes(),
+            ..RuntimeSettings::default()
+        },
+    ));
     let (updates, sources_ready) = podconfig::start(
         PodConfigOptions {
             node_name: config.node_name.clone(),
@@ -181,6 +190,18 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `MemTotal` of /proc/meminfo in bytes (0 when unreadable), for Burstable containers' OOM scores.
+fn memory_capacity_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
 }
 
 async fn termination_signal() {

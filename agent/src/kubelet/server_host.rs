@@ -65,13 +65,20 @@ impl ServerHost for KubeletServerHost {
 /// Node facts the CRI runtime manager needs to build sandbox and container configs.
 pub struct NodeHelper {
     pub node_name: String,
+    pub host_ip: String,
     pub root_dir: PathBuf,
     pub pod_cgroups: Arc<PodContainerManager>,
 }
 
 impl RuntimeHelper for NodeHelper {
-    fn pod_cgroup_parent(&self, pod: &Pod) -> String {
-        self.pod_cgroups.cgroup_parent_for_runtime(pod)
+    fn pod_cgroup_parent(&self, pod: &Pod) -> Result<String, String> {
+        self.pod_cgroups
+            .cgroup_parent_for_runtime(pod)
+            .map_err(|err| err.to_string())
+    }
+
+    fn host_ip(&self) -> Option<String> {
+        Some(self.host_ip.clone())
     }
 
     fn pod_dir(&self, uid: &PodUid) -> PathBuf {

@@ -198,18 +198,19 @@ impl PodSyncer for KubeletSyncer {
         if !pod_removed {
             self.update_status(pod, status);
         }
-        self.pod_cgroups.destroy(pod).map_err(|err| SyncError {
-            reason: "FailedDeletePodCgroup",
-            message: err.to_string(),
-        })?;
+        self.pod_cgroups
+            .destroy(&uid, qos_class(pod))
+            .map_err(|err| SyncError {
+                reason: "FailedDeletePodCgroup",
+                message: err.to_string(),
+            })?;
         if pod_removed {
-            volumes::remove_pod_volumes(&self.pods_dir.join(uid.as_str())).map_err(|err| {
+            volumes::cleanup_pod_volumes(&self.pods_dir.join(uid.as_str())).map_err(|err| {
                 SyncError {
                     reason: "FailedCleanupVolumes",
                     message: err.to_string(),
                 }
             })?;
-            self.status.remove(&uid);
             self.reasons.remove(&uid);
         }
         Ok(())

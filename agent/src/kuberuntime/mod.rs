@@ -36,8 +36,9 @@ use crate::events::{EventType, Recorder};
 /// What the runtime manager needs from the rest of the agent (the kubelet's `RuntimeHelper`).
 pub trait RuntimeHelper: Send + Sync {
     /// Absolute cgroupfs parent of the pod's sandbox and containers, e.g.
-    /// `/kubepods/burstable/pod<uid>`; the caller has created it before the sync.
-    fn pod_cgroup_parent(&self, pod: &Pod) -> String;
+    /// `/kubepods/burstable/pod<uid>`; the caller has created it before the sync. An error says why
+    /// the pod cannot have one (e.g. a UID that is not a safe path component).
+    fn pod_cgroup_parent(&self, pod: &Pod) -> Result<String, String>;
 
     /// The pod's data directory (`<root-dir>/pods/<uid>`); volumes live under it.
     fn pod_dir(&self, uid: &PodUid) -> PathBuf;

@@ -24,11 +24,11 @@ struct Helper {
 }
 
 impl RuntimeHelper for Helper {
-    fn pod_cgroup_parent(&self, pod: &Pod) -> String {
-        format!(
+    fn pod_cgroup_parent(&self, pod: &Pod) -> Result<String, String> {
+        Ok(format!(
             "/kubepods/besteffort/pod{}",
             pod.metadata.uid.as_deref().unwrap_or_default()
-        )
+        ))
     }
     fn pod_dir(&self, uid: &PodUid) -> PathBuf {
         self.root.join("pods").join(uid.as_str())
@@ -188,10 +188,7 @@ async fn runs_adopts_backs_off_kills_and_collects_a_pod() {
         1,
         "the running app container is adopted, not touched: {third:?}"
     );
-    let failure = third
-        .first_failure()
-        .and_then(|r| r.failure.clone())
-        .unwrap();
+    let (_, failure) = third.first_failure().unwrap();
     assert_eq!(failure.reason, "CrashLoopBackOff");
     assert_eq!(
         failure.message,

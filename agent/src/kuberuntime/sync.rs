@@ -228,12 +228,13 @@ impl KubeGenericRuntimeManager {
         };
 
         let log_dir = self.helper.pod_log_dir(namespace, pod_name(pod), &uid);
-        let config = match sandbox_config(
-            pod,
-            actions.attempt,
-            &log_dir,
-            self.helper.pod_cgroup_parent(pod),
-        ) {
+        let config = match self
+            .helper
+            .pod_cgroup_parent(pod)
+            .and_then(|cgroup_parent| {
+                sandbox_config(pod, actions.attempt, &log_dir, cgroup_parent)
+                    .map_err(|e| e.to_string())
+            }) {
             Ok(c) => c,
             Err(e) => {
                 result.results.push(step(
@@ -727,17 +728,13 @@ impl KubeGenericRuntimeManager {
         self.kill_pod_with_result(pod, running, grace_override, &mut result)
             .await;
         match result.first_failure() {
-            Some(failed) => Err(CriError::Call {
+            Some((failed, failure)) => Err(CriError::Call {
                 call: match failed.action {
                     SyncAction::KillPodSandbox => "StopPodSandbox",
                     _ => "StopContainer",
                 },
                 code: tonic::Code::Unknown,
-                message: failed
-                    .failure
-                    .as_ref()
-                    .map(|f| f.message.clone())
-                    .unwrap_or_default(),
+                message: failure.message.clone(),
             }),
             None => Ok(()),
         }

@@ -556,7 +556,7 @@ mod tests {
         assert_eq!(a.ips, vec!["10.0.0.1".to_owned()]);
         let fresh = tokio::time::timeout(
             Duration::from_millis(1),
-            cache.get_newer_than(&PodUid::from("unknown"), before),
+            cache.get_newer_than(&PodUid::from("unknown"), Some(before)),
         )
         .await;
         assert!(fresh.is_ok(), "update_time must mark the cache fresh");
@@ -667,7 +667,7 @@ mod tests {
         assert!(cache.get(&PodUid::from("p")).is_some());
         let fresh = tokio::time::timeout(
             Duration::from_millis(1),
-            cache.get_newer_than(&PodUid::from("p"), before),
+            cache.get_newer_than(&PodUid::from("p"), Some(before)),
         )
         .await;
         assert!(fresh.is_ok());
