@@ -330,7 +330,7 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
     if let Some(url) = &static_pod_url
         && let Err(reason) = crate::podconfig::validate_manifest_url(url)
     {
-        problem("staticPodURL", "manifest-url", format!("{url:?}: {reason}"));
+        problem("staticPodURL", "manifest-url", reason.to_string());
     }
 
     let static_pod_url_header = raw.static_pod_url_header.unwrap_or_default();

@@ -181,7 +181,7 @@ fn every_invalid_value_is_reported_together() {
         "fileCheckFrequency: invalid duration \"5d\": unknown unit",
         "unknown fields (not KubeletConfiguration kubelet.config.k8s.io/v1beta1 fields): bogus",
         "staticPodPath (--pod-manifest-path): etc/manifests must be an absolute path",
-        "staticPodURL (--manifest-url): \"ftp://x/y\" must be an http:// or https:// URL",
+        "staticPodURL (--manifest-url): manifest url \"ftp://x/y\": scheme \"ftp\" is not supported yet",
         "address (--address): \"not-an-ip\" is not an IP address",
         "port (--port): 70000 must be between 1 and 65535",
         "healthzPort (--healthz-port): -1 must be between 1 and 65535, or 0 to disable",
@@ -295,7 +295,7 @@ fn durations_in_file_and_flags() {
 #[test]
 fn url_headers_from_file_and_flags() {
     let yaml = format!(
-        "{HEADER}staticPodURL: https://example.com/pods\n\
+        "{HEADER}staticPodURL: http://example.com/pods\n\
          staticPodURLHeader:\n  Authorization: [\"Bearer abc\"]\n  X-Multi: [a, b]\n"
     );
     let (config, _) = load_with_file(&yaml, &[]).expect("loads");
