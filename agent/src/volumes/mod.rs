@@ -19,7 +19,7 @@ const EMPTY_DIR_PLUGIN_DIR: &str = "volumes/kubernetes.io~empty-dir";
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("volume {volume:?}: {kind} volumes are not supported by this agent")]
-    Unsupported { volume: String, kind: &'static str },
+    Unsupported { volume: String, kind: String },
     #[error("volume {volume:?} has no source")]
     NoSource { volume: String },
     #[error(
@@ -121,7 +121,7 @@ fn setup_volume(volume: &Volume, pod_dir: &Path) -> Result<PathBuf, VolumeError>
     if let Some(host_path) = &volume.host_path {
         return setup_host_path(name, host_path);
     }
-    Err(unsupported_kind(volume).map_or_else(
+    Err(source_kind(volume).map_or_else(
         || VolumeError::NoSource {
             volume: name.clone(),
         },
@@ -217,32 +217,11 @@ fn setup_host_path(name: &str, source: &HostPathVolumeSource) -> Result<PathBuf,
     Ok(path)
 }
 
-/// The kind of a volume source this agent does not implement, by its field name.
-fn unsupported_kind(volume: &Volume) -> Option<&'static str> {
-    let kinds: [(&'static str, bool); 8] = [
-        ("configMap", volume.config_map.is_some()),
-        ("secret", volume.secret.is_some()),
-        ("projected", volume.projected.is_some()),
-        ("downwardAPI", volume.downward_api.is_some()),
-        (
-            "persistentVolumeClaim",
-            volume.persistent_volume_claim.is_some(),
-        ),
-        ("nfs", volume.nfs.is_some()),
-        ("csi", volume.csi.is_some()),
-        ("ephemeral", volume.ephemeral.is_some()),
-    ];
-    kinds
-        .into_iter()
-        .find_map(|(kind, set)| set.then_some(kind))
-        .or_else(|| {
-            // Any other source the API has; named generically.
-            let json = serde_json::to_value(volume).ok()?;
-            json.as_object()?
-                .keys()
-                .any(|k| k != "name")
-                .then_some("this kind of")
-        })
+/// The API field name of a volume's source (e.g. `configMap`), for sources this agent does not
+/// implement.
+fn source_kind(volume: &Volume) -> Option<String> {
+    let json = serde_json::to_value(volume).ok()?;
+    json.as_object()?.keys().find(|k| *k != "name").cloned()
 }
 
 impl PodVolumes {
