@@ -1,7 +1,9 @@
 //! Pod volumes (the kubelet's `pkg/kubelet/volumemanager` with the `pkg/volume/empty_dir` and
 //! `pkg/volume/host_path` plugins, done synchronously): creates a pod's `emptyDir` directories,
-//! checks its `hostPath` volumes against their `type`, turns a container's `volumeMounts` into CRI
-//! mounts, and removes the pod's volume directories when the pod is gone.
+//! checks its `hostPath` volumes against their `type`, turns a container's `volumeMounts` (with
+//! `subPath`, confined to the volume) into CRI mounts, and removes the pod's volume directories when
+//! the pod is gone. `emptyDir` with `medium: Memory`, `subPathExpr` and API-backed sources (configMap,
+//! secret, projected, PVC, …) are refused with an error naming them.
 
 use std::collections::HashMap;
 use std::fs;
@@ -46,9 +48,16 @@ pub enum VolumeError {
     #[error("container {container:?} mounts volume {volume:?}, which the pod does not define")]
     UnknownVolume { container: String, volume: String },
     #[error(
-        "container {container:?} mounts volume {volume:?} with subPath, which is not supported"
+        "container {container:?} mounts volume {volume:?} with subPathExpr, which is not supported"
     )]
-    SubPathUnsupported { container: String, volume: String },
+    SubPathExprUnsupported { container: String, volume: String },
+    #[error("container {container:?} mounts volume {volume:?} with subPath {sub_path:?}: {why}")]
+    InvalidSubPath {
+        container: String,
+        volume: String,
+        sub_path: String,
+        why: &'static str,
+    },
     #[error(
         "container {container:?} mounts volume {volume:?} at {path:?}: mountPath must be absolute"
     )]
@@ -242,15 +251,33 @@ impl PodVolumes {
                     let (container, volume) = err_ctx();
                     return Err(VolumeError::UnknownVolume { container, volume });
                 };
-                let has_sub_path = mount.sub_path.as_deref().is_some_and(|p| !p.is_empty())
-                    || mount
-                        .sub_path_expr
-                        .as_deref()
-                        .is_some_and(|p| !p.is_empty());
-                if has_sub_path {
+                if mount
+                    .sub_path_expr
+                    .as_deref()
+                    .is_some_and(|p| !p.is_empty())
+                {
                     let (container, volume) = err_ctx();
-                    return Err(VolumeError::SubPathUnsupported { container, volume });
+                    return Err(VolumeError::SubPathExprUnsupported { container, volume });
                 }
+                let host_path = match mount.sub_path.as_deref().filter(|p| !p.is_empty()) {
+                    Some(sub_path) => resolve_sub_path(host_path, sub_path).map_err(|e| {
+                        let (container, volume) = err_ctx();
+                        match e {
+                            SubPathError::Invalid(why) => VolumeError::InvalidSubPath {
+                                container,
+                                volume,
+                                sub_path: sub_path.to_owned(),
+                                why,
+                            },
+                            SubPathError::Io(path, source) => VolumeError::Io {
+                                volume,
+                                path,
+                                source,
+                            },
+                        }
+                    })?,
+                    None => host_path.clone(),
+                };
                 if !mount.mount_path.starts_with('/') {
                     let (container, volume) = err_ctx();
                     return Err(VolumeError::RelativeMountPath {
@@ -281,6 +308,43 @@ impl PodVolumes {
                 })
             })
             .collect()
+    }
+}
+
+enum SubPathError {
+    Invalid(&'static str),
+    Io(PathBuf, io::Error),
+}
+
+/// The host path of `sub_path` inside a volume: created as a directory (with the volume's
+/// permissions) when missing, and refused when it would leave the volume, by `..` or by a symlink.
+fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, SubPathError> {
+    use std::path::Component;
+    let relative = Path::new(sub_path);
+    if relative.is_absolute() {
+        return Err(SubPathError::Invalid("must be a relative path"));
+    }
+    if relative.components().any(|c| c == Component::ParentDir) {
+        return Err(SubPathError::Invalid("must not contain '..'"));
+    }
+    let path = root.join(relative);
+    if fs::symlink_metadata(&path).is_err() {
+        let mode = fs::metadata(root).map_or(0o755, |m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & 0o7777
+        });
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(&path)
+            .map_err(|e| SubPathError::Io(path.clone(), e))?;
+    }
+    let real_root = fs::canonicalize(root).map_err(|e| SubPathError::Io(root.to_owned(), e))?;
+    let real = fs::canonicalize(&path).map_err(|e| SubPathError::Io(path.clone(), e))?;
+    if real.starts_with(&real_root) {
+        Ok(real)
+    } else {
+        Err(SubPathError::Invalid("resolves outside the volume"))
     }
 }
 
@@ -441,16 +505,46 @@ mod tests {
             err.to_string(),
             "container \"c\" mounts volume \"nope\", which the pod does not define"
         );
-        let mut sub = mount("data", "/x");
-        sub.sub_path = Some("a".into());
+        let mut expr = mount("data", "/x");
+        expr.sub_path_expr = Some("$(POD)".into());
         assert!(matches!(
-            volumes.mounts_for(&mounting(vec![sub])),
-            Err(VolumeError::SubPathUnsupported { .. })
+            volumes.mounts_for(&mounting(vec![expr])),
+            Err(VolumeError::SubPathExprUnsupported { .. })
         ));
         assert!(matches!(
             volumes.mounts_for(&mounting(vec![mount("data", "rel")])),
             Err(VolumeError::RelativeMountPath { .. })
         ));
+    }
+
+    #[test]
+    fn sub_paths_are_created_inside_the_volume_and_escapes_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = setup_pod_volumes(&pod(vec![empty_dir("data")]), dir.path()).unwrap();
+        let root = empty_dir_path(dir.path(), "data");
+        let with_sub = |sub: &str| {
+            let mut m = mount("data", "/x");
+            m.sub_path = Some(sub.into());
+            volumes.mounts_for(&mounting(vec![m]))
+        };
+        let mounts = with_sub("a/b").unwrap();
+        assert_eq!(
+            PathBuf::from(&mounts[0].host_path),
+            fs::canonicalize(root.join("a/b")).unwrap()
+        );
+        assert!(root.join("a/b").is_dir());
+        for bad in ["../up", "/abs"] {
+            assert!(
+                matches!(with_sub(bad), Err(VolumeError::InvalidSubPath { .. })),
+                "{bad}"
+            );
+        }
+        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
+        let err = with_sub("link").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container \"c\" mounts volume \"data\" with subPath \"link\": resolves outside the volume"
+        );
     }
 
     #[test]
