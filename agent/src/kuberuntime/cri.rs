@@ -169,12 +169,18 @@ impl CriClient {
                 async move { UnixStream::connect(path).await.map(TokioIo::new) }
             }),
         );
-        Ok(Self {
+        Ok(Self::from_channel(endpoint, channel, timeout))
+    }
+
+    /// A client over an existing channel, e.g. one whose connector does its socket I/O through
+    /// another engine; `endpoint` is only used in messages.
+    pub fn from_channel(endpoint: &str, channel: Channel, timeout: Duration) -> Self {
+        Self {
             endpoint: endpoint.to_owned(),
             runtime: RuntimeServiceClient::new(channel.clone()),
             images: ImageServiceClient::new(channel),
             timeout,
-        })
+        }
     }
 
     /// The endpoint this client talks to.
