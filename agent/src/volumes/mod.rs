@@ -234,11 +234,6 @@ fn source_kind(volume: &Volume) -> Option<String> {
 }
 
 impl PodVolumes {
-    /// The host path of a prepared volume.
-    pub fn host_path(&self, volume: &str) -> Option<&Path> {
-        self.host_paths.get(volume).map(PathBuf::as_path)
-    }
-
     /// The CRI mounts for a container's `volumeMounts`.
     pub fn mounts_for(&self, container: &Container) -> Result<Vec<Mount>, VolumeError> {
         container
