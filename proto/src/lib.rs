@@ -15,3 +15,82 @@ pub mod runtime {
         tonic::include_proto!("runtime.v1");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Wire checks for the field numbers that are not sequential upstream, where a slip is most
+    //! likely: each message is encoded with one field set and the tag byte(s) compared.
+
+    use prost::Message;
+
+    use super::runtime::v1 as cri;
+
+    /// The tag of a length-delimited field, as a varint.
+    fn tag(field: u32) -> Vec<u8> {
+        let mut value = (field << 3) | 2;
+        let mut out = Vec::new();
+        while value >= 0x80 {
+            out.push(u8::try_from(value & 0x7f).unwrap_or_default() | 0x80);
+            value >>= 7;
+        }
+        out.push(u8::try_from(value).unwrap_or_default());
+        out
+    }
+
+    fn first_tag(bytes: &[u8], field: u32) -> bool {
+        bytes.starts_with(&tag(field))
+    }
+
+    #[test]
+    fn sparse_field_numbers_match_upstream() {
+        let image = cri::ImageSpec {
+            user_specified_image: "x".into(),
+            ..cri::ImageSpec::default()
+        };
+        assert!(first_tag(&image.encode_to_vec(), 18));
+        let sandbox_sc = cri::LinuxSandboxSecurityContext {
+            run_as_group: Some(cri::Int64Value { value: 1 }),
+            ..cri::LinuxSandboxSecurityContext::default()
+        };
+        assert!(first_tag(&sandbox_sc.encode_to_vec(), 8));
+        let container_sc = cri::LinuxContainerSecurityContext {
+            run_as_group: Some(cri::Int64Value { value: 1 }),
+            ..cri::LinuxContainerSecurityContext::default()
+        };
+        assert!(first_tag(&container_sc.encode_to_vec(), 12));
+        let config = cri::ContainerConfig {
+            linux: Some(cri::LinuxContainerConfig::default()),
+            ..cri::ContainerConfig::default()
+        };
+        assert!(first_tag(&config.encode_to_vec(), 15));
+        let sandbox = cri::PodSandboxConfig {
+            linux: Some(cri::LinuxPodSandboxConfig::default()),
+            ..cri::PodSandboxConfig::default()
+        };
+        assert!(first_tag(&sandbox.encode_to_vec(), 8));
+        let status = cri::ContainerStatus {
+            image_id: "x".into(),
+            ..cri::ContainerStatus::default()
+        };
+        assert!(first_tag(&status.encode_to_vec(), 17));
+        let namespace = cri::Namespace {
+            options: Some(cri::NamespaceOption::default()),
+        };
+        assert!(first_tag(&namespace.encode_to_vec(), 2));
+    }
+
+    #[test]
+    fn varint_fields_use_upstream_numbers() {
+        let mount = cri::Mount {
+            recursive_read_only: true,
+            ..cri::Mount::default()
+        };
+        // Field 8, wire type 0 (varint), value 1.
+        assert_eq!(mount.encode_to_vec(), [8 << 3, 1]);
+        let sc = cri::LinuxContainerSecurityContext {
+            no_new_privs: true,
+            ..cri::LinuxContainerSecurityContext::default()
+        };
+        assert_eq!(sc.encode_to_vec(), [11 << 3, 1]);
+    }
+}

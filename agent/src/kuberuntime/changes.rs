@@ -552,72 +552,19 @@ mod tests {
         assert!(a.create_sandbox);
         assert_eq!(a.attempt, 1);
     }
-}
-
-#[cfg(test)]
-mod probe_tests {
-    use super::*;
-    use crate::container::{PodUid, SandboxStatus};
-    use k8s_openapi::api::core::v1::PodSpec;
-
-    fn pod(policy: &str) -> Pod {
-        Pod {
-            spec: Some(PodSpec {
-                restart_policy: Some(policy.into()),
-                containers: vec![Container {
-                    name: "a".into(),
-                    ..Container::default()
-                }],
-                ..PodSpec::default()
-            }),
-            ..Pod::default()
-        }
-    }
-
-    fn running() -> PodStatus {
-        PodStatus {
-            uid: PodUid::from("u"),
-            sandboxes: vec![SandboxStatus {
-                id: SandboxId::from("s"),
-                state: SandboxState::Ready,
-                created_at: 1,
-                attempt: 0,
-                ip: Some("10.88.0.2".into()),
-                host_network: false,
-            }],
-            containers: vec![ContainerStatus {
-                id: ContainerId::from("c"),
-                name: "a".into(),
-                state: ContainerState::Running,
-                created_at: 1,
-                started_at: 1,
-                finished_at: 0,
-                exit_code: 0,
-                image: String::new(),
-                image_ref: String::new(),
-                hash: container_hash(&Container {
-                    name: "a".into(),
-                    ..Container::default()
-                }),
-                restart_count: 0,
-                reason: String::new(),
-                message: String::new(),
-            }],
-            ..PodStatus::default()
-        }
-    }
 
     #[test]
     fn a_failed_liveness_probe_restarts_the_container_unless_never() {
         let unhealthy = |_: &ContainerId| Some("failed liveness probe".to_owned());
-        let a = compute_pod_actions(&pod("Always"), &running(), &unhealthy);
+        let s = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &unhealthy);
         assert_eq!(a.containers_to_kill.len(), 1);
         assert_eq!(
             a.containers_to_kill[0].message,
             "Container a failed liveness probe, will be restarted"
         );
         assert_eq!(a.containers_to_start, [0]);
-        let a = compute_pod_actions(&pod("Never"), &running(), &unhealthy);
+        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &unhealthy);
         assert_eq!(a.containers_to_kill.len(), 1);
         assert!(a.containers_to_start.is_empty());
     }

@@ -28,8 +28,12 @@ const MIN_PULL_TIMEOUT: Duration = Duration::from_mins(15);
 pub enum CriError {
     #[error("invalid CRI endpoint {endpoint:?}: only unix:// endpoints are supported")]
     InvalidEndpoint { endpoint: String },
-    #[error("CRI call {call} failed: runtime unavailable: {message}")]
-    Unavailable { call: &'static str, message: String },
+    #[error("CRI call {call} failed: runtime unavailable at {endpoint}: {message}")]
+    Unavailable {
+        call: &'static str,
+        endpoint: String,
+        message: String,
+    },
     #[error("CRI call {call} failed: timed out after {timeout:?}")]
     Timeout {
         call: &'static str,
@@ -54,10 +58,14 @@ pub enum CriError {
 }
 
 impl CriError {
-    fn from_status(call: &'static str, status: &Status, timeout: Duration) -> Self {
+    fn from_status(call: &'static str, status: &Status, timeout: Duration, endpoint: &str) -> Self {
         let message = status.message().to_owned();
         match status.code() {
-            Code::Unavailable => Self::Unavailable { call, message },
+            Code::Unavailable => Self::Unavailable {
+                call,
+                endpoint: endpoint.to_owned(),
+                message,
+            },
             Code::DeadlineExceeded => Self::Timeout { call, timeout },
             Code::NotFound => Self::NotFound { call, message },
             Code::Unimplemented => Self::Unimplemented { call, message },
@@ -97,11 +105,9 @@ impl From<CriError> for RuntimeError {
     fn from(err: CriError) -> Self {
         let message = err.to_string();
         match err {
-            CriError::InvalidEndpoint { endpoint } => Self::Unavailable { endpoint, message },
-            CriError::Unavailable { call, .. } => Self::Unavailable {
-                endpoint: format!("CRI ({call})"),
-                message,
-            },
+            CriError::InvalidEndpoint { endpoint } | CriError::Unavailable { endpoint, .. } => {
+                Self::Unavailable { endpoint, message }
+            }
             CriError::Timeout { call, timeout } => Self::Timeout {
                 call,
                 timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
@@ -136,7 +142,12 @@ macro_rules! call {
         let timeout = $timeout;
         match tokio::time::timeout(timeout, client.$method($request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(CriError::from_status($name, &status, timeout)),
+            Ok(Err(status)) => Err(CriError::from_status(
+                $name,
+                &status,
+                timeout,
+                &$self.endpoint,
+            )),
             Err(_) => Err(CriError::Timeout {
                 call: $name,
                 timeout,
@@ -158,12 +169,18 @@ impl CriClient {
                 async move { UnixStream::connect(path).await.map(TokioIo::new) }
             }),
         );
-        Ok(Self {
+        Ok(Self::from_channel(endpoint, channel, timeout))
+    }
+
+    /// A client over an existing channel, e.g. one whose connector does its socket I/O through
+    /// another engine; `endpoint` is only used in messages.
+    pub fn from_channel(endpoint: &str, channel: Channel, timeout: Duration) -> Self {
+        Self {
             endpoint: endpoint.to_owned(),
             runtime: RuntimeServiceClient::new(channel.clone()),
             images: ImageServiceClient::new(channel),
             timeout,
-        })
+        }
     }
 
     /// The endpoint this client talks to.
@@ -440,20 +457,25 @@ mod tests {
     #[test]
     fn status_codes_map_to_kinds_naming_the_call() {
         let t = Duration::from_secs(1);
-        let err = CriError::from_status("RunPodSandbox", &Status::unavailable("down"), t);
+        let err = CriError::from_status(
+            "RunPodSandbox",
+            &Status::unavailable("down"),
+            t,
+            "unix:///x.sock",
+        );
         assert_eq!(
             err.to_string(),
-            "CRI call RunPodSandbox failed: runtime unavailable: down"
+            "CRI call RunPodSandbox failed: runtime unavailable at unix:///x.sock: down"
         );
         assert!(
-            CriError::from_status("GetContainerEvents", &Status::unimplemented("x"), t)
+            CriError::from_status("GetContainerEvents", &Status::unimplemented("x"), t, "")
                 .is_unimplemented()
         );
         assert!(
-            CriError::from_status("ContainerStatus", &Status::not_found("x"), t).is_not_found()
+            CriError::from_status("ContainerStatus", &Status::not_found("x"), t, "").is_not_found()
         );
         assert!(matches!(
-            CriError::from_status("StopContainer", &Status::deadline_exceeded("x"), t),
+            CriError::from_status("StopContainer", &Status::deadline_exceeded("x"), t, ""),
             CriError::Timeout {
                 call: "StopContainer",
                 ..

@@ -75,7 +75,7 @@ async fn status_when(
 ) -> PodStatus {
     for _ in 0..100 {
         let status = manager
-            .get_pod_status(uid, "smoke", "ringlet-smoke")
+            .get_pod_status(uid, "", "ringlet-smoke")
             .await
             .unwrap();
         if done(&status) {
@@ -96,6 +96,120 @@ fn remove_cgroups(uid: &str) {
     }
 }
 
+fn manager(root: &Path) -> KubeGenericRuntimeManager {
+    let cri = CriClient::new(&format!("unix://{SOCKET}"), Duration::from_secs(30)).unwrap();
+    KubeGenericRuntimeManager::new(
+        cri,
+        Arc::new(Helper {
+            root: root.to_owned(),
+        }),
+        Recorder::new(None),
+        RuntimeSettings::default(),
+    )
+}
+
+/// Removes the pod's sandboxes (and with them its containers). Global garbage collection would
+/// also touch other ringlet pods on this shared runtime.
+async fn remove_pod(manager: &KubeGenericRuntimeManager, uid: &PodUid) {
+    let pods = manager.get_pods(true).await.unwrap();
+    for pod in pods.iter().filter(|p| &p.uid == uid) {
+        for sandbox in &pod.sandboxes {
+            manager
+                .cri()
+                .remove_pod_sandbox(sandbox.id.as_str())
+                .await
+                .unwrap();
+        }
+    }
+    assert!(
+        !manager
+            .get_pods(true)
+            .await
+            .unwrap()
+            .iter()
+            .any(|p| &p.uid == uid),
+        "the pod is gone from the runtime"
+    );
+    remove_cgroups(uid.as_str());
+}
+
+#[tokio::test]
+#[ignore = "needs root and the lab's containerd at /run/containerd/containerd.sock"]
+async fn init_containers_run_in_order_and_a_failure_fails_a_never_pod() {
+    assert!(
+        Path::new(SOCKET).exists(),
+        "no containerd socket at {SOCKET}"
+    );
+    let root = tempfile::tempdir().unwrap();
+    let manager = manager(root.path());
+    let uid = PodUid::from(format!("smoke-init-{}", std::process::id()));
+    let bare = |name: &str, script: &str| Container {
+        volume_mounts: None,
+        env: None,
+        ..container(name, script)
+    };
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some("smoke-init".into()),
+            namespace: Some("ringlet-smoke".into()),
+            uid: Some(uid.to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            host_network: Some(true),
+            restart_policy: Some("Never".into()),
+            termination_grace_period_seconds: Some(1),
+            init_containers: Some(vec![bare("i1", "exit 0"), bare("i2", "exit 2")]),
+            containers: vec![bare("app", "sleep 3600")],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+
+    let first = manager.sync_pod(&pod, &PodStatus::default()).await;
+    assert_eq!(first.first_failure(), None, "{first:?}");
+    let status = status_when(&manager, &uid, |s| {
+        s.container("i1")
+            .is_some_and(|c| c.state == ContainerState::Exited)
+    })
+    .await;
+    assert!(status.sandboxes[0].host_network);
+    assert!(status.ips.is_empty(), "host-network pods report no pod IP");
+    assert!(
+        status.container("i2").is_none(),
+        "one init container at a time"
+    );
+
+    let second = manager.sync_pod(&pod, &status).await;
+    assert_eq!(second.first_failure(), None, "{second:?}");
+    let status = status_when(&manager, &uid, |s| {
+        s.container("i2")
+            .is_some_and(|c| c.state == ContainerState::Exited)
+    })
+    .await;
+    let third = manager.sync_pod(&pod, &status).await;
+    let failure = third
+        .first_failure()
+        .and_then(|r| r.failure.clone())
+        .unwrap();
+    assert_eq!(failure.reason, "RunInitContainerError");
+    assert_eq!(failure.message, "init container \"i2\" exited with 2");
+
+    let status = status_when(&manager, &uid, |s| {
+        s.sandboxes
+            .first()
+            .is_some_and(|sb| sb.state == SandboxState::NotReady)
+    })
+    .await;
+    let fourth = manager.sync_pod(&pod, &status).await;
+    assert!(
+        fourth.results.is_empty(),
+        "a failed Never pod starts nothing: {fourth:?}"
+    );
+    assert!(status.container("app").is_none());
+    remove_pod(&manager, &uid).await;
+}
+
 #[tokio::test]
 #[allow(clippy::too_many_lines, reason = "one end-to-end scenario")]
 #[ignore = "needs root and the lab's containerd at /run/containerd/containerd.sock"]
@@ -105,15 +219,7 @@ async fn runs_adopts_backs_off_kills_and_collects_a_pod() {
         "no containerd socket at {SOCKET}"
     );
     let root = tempfile::tempdir().unwrap();
-    let cri = CriClient::new(&format!("unix://{SOCKET}"), Duration::from_secs(30)).unwrap();
-    let manager = KubeGenericRuntimeManager::new(
-        cri,
-        Arc::new(Helper {
-            root: root.path().to_owned(),
-        }),
-        Recorder::new(None),
-        RuntimeSettings::default(),
-    );
+    let manager = manager(root.path());
     assert!(manager.version().await.unwrap().starts_with("containerd"));
 
     let uid = PodUid::from(format!("smoke-{}", std::process::id()));
@@ -223,30 +329,5 @@ async fn runs_adopts_backs_off_kills_and_collects_a_pod() {
             .any(|p| p.uid == uid),
         "nothing of the pod runs after kill_pod"
     );
-    // Global garbage collection would also touch other ringlet pods on this shared runtime, so
-    // only this pod's sandboxes are removed (which removes their containers too).
-    let dead = manager
-        .get_pods(true)
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|p| p.uid == uid)
-        .unwrap();
-    for sandbox in &dead.sandboxes {
-        manager
-            .cri()
-            .remove_pod_sandbox(sandbox.id.as_str())
-            .await
-            .unwrap();
-    }
-    assert!(
-        !manager
-            .get_pods(true)
-            .await
-            .unwrap()
-            .iter()
-            .any(|p| p.uid == uid),
-        "the pod is gone from the runtime"
-    );
-    remove_cgroups(uid.as_str());
+    remove_pod(&manager, &uid).await;
 }

@@ -1,7 +1,9 @@
 //! Pod volumes (the kubelet's `pkg/kubelet/volumemanager` with the `pkg/volume/empty_dir` and
 //! `pkg/volume/host_path` plugins, done synchronously): creates a pod's `emptyDir` directories,
-//! checks its `hostPath` volumes against their `type`, turns a container's `volumeMounts` into CRI
-//! mounts, and removes the pod's volume directories when the pod is gone.
+//! checks its `hostPath` volumes against their `type`, turns a container's `volumeMounts` (with
+//! `subPath`, confined to the volume) into CRI mounts, and removes the pod's volume directories when
+//! the pod is gone. `emptyDir` with `medium: Memory`, `subPathExpr` and API-backed sources (configMap,
+//! secret, projected, PVC, …) are refused with an error naming them.
 
 use std::collections::HashMap;
 use std::fs;
@@ -19,7 +21,7 @@ const EMPTY_DIR_PLUGIN_DIR: &str = "volumes/kubernetes.io~empty-dir";
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("volume {volume:?}: {kind} volumes are not supported by this agent")]
-    Unsupported { volume: String, kind: &'static str },
+    Unsupported { volume: String, kind: String },
     #[error("volume {volume:?} has no source")]
     NoSource { volume: String },
     #[error(
@@ -46,9 +48,16 @@ pub enum VolumeError {
     #[error("container {container:?} mounts volume {volume:?}, which the pod does not define")]
     UnknownVolume { container: String, volume: String },
     #[error(
-        "container {container:?} mounts volume {volume:?} with subPath, which is not supported"
+        "container {container:?} mounts volume {volume:?} with subPathExpr, which is not supported"
     )]
-    SubPathUnsupported { container: String, volume: String },
+    SubPathExprUnsupported { container: String, volume: String },
+    #[error("container {container:?} mounts volume {volume:?} with subPath {sub_path:?}: {why}")]
+    InvalidSubPath {
+        container: String,
+        volume: String,
+        sub_path: String,
+        why: &'static str,
+    },
     #[error(
         "container {container:?} mounts volume {volume:?} at {path:?}: mountPath must be absolute"
     )]
@@ -121,7 +130,7 @@ fn setup_volume(volume: &Volume, pod_dir: &Path) -> Result<PathBuf, VolumeError>
     if let Some(host_path) = &volume.host_path {
         return setup_host_path(name, host_path);
     }
-    Err(unsupported_kind(volume).map_or_else(
+    Err(source_kind(volume).map_or_else(
         || VolumeError::NoSource {
             volume: name.clone(),
         },
@@ -217,40 +226,14 @@ fn setup_host_path(name: &str, source: &HostPathVolumeSource) -> Result<PathBuf,
     Ok(path)
 }
 
-/// The kind of a volume source this agent does not implement, by its field name.
-fn unsupported_kind(volume: &Volume) -> Option<&'static str> {
-    let kinds: [(&'static str, bool); 8] = [
-        ("configMap", volume.config_map.is_some()),
-        ("secret", volume.secret.is_some()),
-        ("projected", volume.projected.is_some()),
-        ("downwardAPI", volume.downward_api.is_some()),
-        (
-            "persistentVolumeClaim",
-            volume.persistent_volume_claim.is_some(),
-        ),
-        ("nfs", volume.nfs.is_some()),
-        ("csi", volume.csi.is_some()),
-        ("ephemeral", volume.ephemeral.is_some()),
-    ];
-    kinds
-        .into_iter()
-        .find_map(|(kind, set)| set.then_some(kind))
-        .or_else(|| {
-            // Any other source the API has; named generically.
-            let json = serde_json::to_value(volume).ok()?;
-            json.as_object()?
-                .keys()
-                .any(|k| k != "name")
-                .then_some("this kind of")
-        })
+/// The API field name of a volume's source (e.g. `configMap`), for sources this agent does not
+/// implement.
+fn source_kind(volume: &Volume) -> Option<String> {
+    let json = serde_json::to_value(volume).ok()?;
+    json.as_object()?.keys().find(|k| *k != "name").cloned()
 }
 
 impl PodVolumes {
-    /// The host path of a prepared volume.
-    pub fn host_path(&self, volume: &str) -> Option<&Path> {
-        self.host_paths.get(volume).map(PathBuf::as_path)
-    }
-
     /// The CRI mounts for a container's `volumeMounts`.
     pub fn mounts_for(&self, container: &Container) -> Result<Vec<Mount>, VolumeError> {
         container
@@ -263,15 +246,33 @@ impl PodVolumes {
                     let (container, volume) = err_ctx();
                     return Err(VolumeError::UnknownVolume { container, volume });
                 };
-                let has_sub_path = mount.sub_path.as_deref().is_some_and(|p| !p.is_empty())
-                    || mount
-                        .sub_path_expr
-                        .as_deref()
-                        .is_some_and(|p| !p.is_empty());
-                if has_sub_path {
+                if mount
+                    .sub_path_expr
+                    .as_deref()
+                    .is_some_and(|p| !p.is_empty())
+                {
                     let (container, volume) = err_ctx();
-                    return Err(VolumeError::SubPathUnsupported { container, volume });
+                    return Err(VolumeError::SubPathExprUnsupported { container, volume });
                 }
+                let host_path = match mount.sub_path.as_deref().filter(|p| !p.is_empty()) {
+                    Some(sub_path) => resolve_sub_path(host_path, sub_path).map_err(|e| {
+                        let (container, volume) = err_ctx();
+                        match e {
+                            SubPathError::Invalid(why) => VolumeError::InvalidSubPath {
+                                container,
+                                volume,
+                                sub_path: sub_path.to_owned(),
+                                why,
+                            },
+                            SubPathError::Io(path, source) => VolumeError::Io {
+                                volume,
+                                path,
+                                source,
+                            },
+                        }
+                    })?,
+                    None => host_path.clone(),
+                };
                 if !mount.mount_path.starts_with('/') {
                     let (container, volume) = err_ctx();
                     return Err(VolumeError::RelativeMountPath {
@@ -302,6 +303,43 @@ impl PodVolumes {
                 })
             })
             .collect()
+    }
+}
+
+enum SubPathError {
+    Invalid(&'static str),
+    Io(PathBuf, io::Error),
+}
+
+/// The host path of `sub_path` inside a volume: created as a directory (with the volume's
+/// permissions) when missing, and refused when it would leave the volume, by `..` or by a symlink.
+fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, SubPathError> {
+    use std::path::Component;
+    let relative = Path::new(sub_path);
+    if relative.is_absolute() {
+        return Err(SubPathError::Invalid("must be a relative path"));
+    }
+    if relative.components().any(|c| c == Component::ParentDir) {
+        return Err(SubPathError::Invalid("must not contain '..'"));
+    }
+    let path = root.join(relative);
+    if fs::symlink_metadata(&path).is_err() {
+        let mode = fs::metadata(root).map_or(0o755, |m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & 0o7777
+        });
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(&path)
+            .map_err(|e| SubPathError::Io(path.clone(), e))?;
+    }
+    let real_root = fs::canonicalize(root).map_err(|e| SubPathError::Io(root.to_owned(), e))?;
+    let real = fs::canonicalize(&path).map_err(|e| SubPathError::Io(path.clone(), e))?;
+    if real.starts_with(&real_root) {
+        Ok(real)
+    } else {
+        Err(SubPathError::Invalid("resolves outside the volume"))
     }
 }
 
@@ -462,16 +500,46 @@ mod tests {
             err.to_string(),
             "container \"c\" mounts volume \"nope\", which the pod does not define"
         );
-        let mut sub = mount("data", "/x");
-        sub.sub_path = Some("a".into());
+        let mut expr = mount("data", "/x");
+        expr.sub_path_expr = Some("$(POD)".into());
         assert!(matches!(
-            volumes.mounts_for(&mounting(vec![sub])),
-            Err(VolumeError::SubPathUnsupported { .. })
+            volumes.mounts_for(&mounting(vec![expr])),
+            Err(VolumeError::SubPathExprUnsupported { .. })
         ));
         assert!(matches!(
             volumes.mounts_for(&mounting(vec![mount("data", "rel")])),
             Err(VolumeError::RelativeMountPath { .. })
         ));
+    }
+
+    #[test]
+    fn sub_paths_are_created_inside_the_volume_and_escapes_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = setup_pod_volumes(&pod(vec![empty_dir("data")]), dir.path()).unwrap();
+        let root = empty_dir_path(dir.path(), "data");
+        let with_sub = |sub: &str| {
+            let mut m = mount("data", "/x");
+            m.sub_path = Some(sub.into());
+            volumes.mounts_for(&mounting(vec![m]))
+        };
+        let mounts = with_sub("a/b").unwrap();
+        assert_eq!(
+            PathBuf::from(&mounts[0].host_path),
+            fs::canonicalize(root.join("a/b")).unwrap()
+        );
+        assert!(root.join("a/b").is_dir());
+        for bad in ["../up", "/abs"] {
+            assert!(
+                matches!(with_sub(bad), Err(VolumeError::InvalidSubPath { .. })),
+                "{bad}"
+            );
+        }
+        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
+        let err = with_sub("link").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container \"c\" mounts volume \"data\" with subPath \"link\": resolves outside the volume"
+        );
     }
 
     #[test]
