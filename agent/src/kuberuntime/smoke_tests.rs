@@ -188,10 +188,7 @@ async fn init_containers_run_in_order_and_a_failure_fails_a_never_pod() {
     })
     .await;
     let third = manager.sync_pod(&pod, &status).await;
-    let failure = third
-        .first_failure()
-        .and_then(|r| r.failure.clone())
-        .unwrap();
+    let (_, failure) = third.first_failure().unwrap();
     assert_eq!(failure.reason, "RunInitContainerError");
     assert_eq!(failure.message, "init container \"i2\" exited with 2");
 
