@@ -1,4 +1,4 @@
-//! The `ringlet` binary (the kubelet's `cmd/kubelet`): parses flags and the KubeletConfiguration,
+//! The `ringlet` binary (the kubelet's `cmd/kubelet`): parses flags and the `KubeletConfiguration`,
 //! builds the CRI runtime, the pod sources and the agent core, serves the read-only and healthz
 //! listeners, and runs until SIGINT/SIGTERM. Running containers are left alone on exit, so a restarted
 //! agent adopts them.
@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ringlet::apis::config::{self, AgentConfig};
+use ringlet::apis::config::{self, AgentConfig, KubeletConfiguration};
 use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
 use ringlet::events::Recorder;
-use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
+use ringlet::kubelet::{Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server;
@@ -128,29 +128,56 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             .run_once(updates, sources_ready)
             .await
             .map_err(|err| anyhow::anyhow!("runonce failed: {err}"))?;
-        let mut failed = 0;
-        for result in &results {
-            match &result.outcome {
-                Ok(()) => println!("{}: running", result.pod),
-                Err(err) => {
-                    failed += 1;
-                    println!("{}: failed: {err}", result.pod);
-                }
-            }
-        }
-        println!(
-            "{} pods, {} running, {failed} failed",
-            results.len(),
-            results.len() - failed
-        );
-        return Ok(if failed == 0 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
+        return Ok(report_run_once(&results));
     }
 
-    let host = kubelet.server_host();
+    let (stop_servers, servers) = start_servers(kc, kubelet.server_host()).await?;
+    tracing::info!(node = %config.node_name, "ringlet started");
+    tokio::select! {
+        () = kubelet.run(updates, sources_ready) => {}
+        () = termination_signal() => tracing::info!("shutting down; running containers are left alone"),
+    }
+    let _ = stop_servers.send(true);
+    for server in servers {
+        if let Ok(Err(err)) = server.await {
+            tracing::warn!(%err, "server stopped with an error");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints one line per pod and a summary; fails when any pod failed.
+fn report_run_once(results: &[RunPodResult]) -> ExitCode {
+    let mut failed = 0;
+    for result in results {
+        match &result.outcome {
+            Ok(()) => println!("{}: running", result.pod),
+            Err(err) => {
+                failed += 1;
+                println!("{}: failed: {err}", result.pod);
+            }
+        }
+    }
+    println!(
+        "{} pods, {} running, {failed} failed",
+        results.len(),
+        results.len() - failed
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+type ServerTasks = Vec<tokio::task::JoinHandle<Result<(), server::ServerError>>>;
+
+/// Binds the healthz and read-only listeners (a bind error is fatal) and serves them until the
+/// returned sender says stop.
+async fn start_servers(
+    kc: &KubeletConfiguration,
+    host: Arc<KubeletServerHost>,
+) -> anyhow::Result<(watch::Sender<bool>, ServerTasks)> {
     let (stop_servers, servers_stopped) = watch::channel(false);
     let shutdown = move || {
         let mut stopped = servers_stopped.clone();
@@ -177,19 +204,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             shutdown(),
         )));
     }
-
-    tracing::info!(node = %config.node_name, "ringlet started");
-    tokio::select! {
-        () = kubelet.run(updates, sources_ready) => {}
-        () = termination_signal() => tracing::info!("shutting down; running containers are left alone"),
-    }
-    let _ = stop_servers.send(true);
-    for server in servers {
-        if let Ok(Err(err)) = server.await {
-            tracing::warn!(%err, "server stopped with an error");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok((stop_servers, servers))
 }
 
 /// `MemTotal` of /proc/meminfo in bytes (0 when unreadable), for Burstable containers' OOM scores.

@@ -124,10 +124,16 @@ struct Worker {
     update_type: UpdateType,
     phase: WorkerPhase,
     work_requested: bool,
-    /// `Some(grace)` once a kill was asked for; never cleared.
-    kill: Option<Option<i64>>,
+    /// Set once a kill was asked for; never cleared.
+    kill: Option<KillRequest>,
     pod_removed: bool,
     wake: Arc<Notify>,
+}
+
+/// A sticky request to stop the pod.
+#[derive(Clone, Copy)]
+struct KillRequest {
+    grace_period_override: Option<i64>,
 }
 
 /// What one step of a worker does, decided under the lock and performed outside it.
@@ -207,11 +213,14 @@ impl PodWorkers {
             }
         });
         if update.update_type == UpdateType::Kill {
-            let grace = match (worker.kill.flatten(), update.grace_period_override) {
+            let earlier = worker.kill.and_then(|k| k.grace_period_override);
+            let grace_period_override = match (earlier, update.grace_period_override) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            worker.kill = Some(grace);
+            worker.kill = Some(KillRequest {
+                grace_period_override,
+            });
             worker.pod_removed |= update.pod_removed;
         } else {
             worker.update_type = update.update_type;
@@ -270,7 +279,10 @@ fn next_step(workers: &mut HashMap<PodUid, Worker>, uid: &PodUid) -> Option<Step
     let pod = worker.pod.clone();
     match worker.phase {
         WorkerPhase::Syncing => Some(Step::Sync(pod, worker.update_type)),
-        WorkerPhase::Terminating => Some(Step::Terminate(pod, worker.kill.flatten())),
+        WorkerPhase::Terminating => Some(Step::Terminate(
+            pod,
+            worker.kill.and_then(|k| k.grace_period_override),
+        )),
         WorkerPhase::Terminated { cleaned_up: false } => {
             Some(Step::CleanUp(pod, worker.pod_removed))
         }
@@ -474,7 +486,7 @@ mod tests {
             syncer,
             cache,
             Arc::clone(&queue),
-            Duration::from_secs(60),
+            Duration::from_mins(1),
             SYNC_BACKOFF_PERIOD,
         );
         Fixture {

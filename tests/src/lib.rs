@@ -153,19 +153,11 @@ pub fn wait_for<T>(
 }
 
 /// Settings for one agent under test.
+#[derive(Default)]
 pub struct AgentOptions {
     pub manifest_url: Option<String>,
     /// Extra flags.
     pub args: Vec<String>,
-}
-
-impl Default for AgentOptions {
-    fn default() -> Self {
-        Self {
-            manifest_url: None,
-            args: Vec::new(),
-        }
-    }
 }
 
 /// A running `ringlet` with its own directories and ports. Dropping it removes its manifests, waits
@@ -333,7 +325,7 @@ impl Drop for Agent {
         let node = self.node.clone();
         let _ = wait_for(
             "the test's pods to be removed",
-            Duration::from_secs(60),
+            Duration::from_mins(1),
             || {
                 let left = containers_of_node(&node).ok()?;
                 left.is_empty().then_some(())

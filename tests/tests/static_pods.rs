@@ -17,7 +17,7 @@ use ringlet_tests::{
 use serde_json::Value;
 
 /// Upper bound for a pod to start on this machine (image present, sandbox ~0.1 s, containers ~0.1 s).
-const START: Duration = Duration::from_secs(60);
+const START: Duration = Duration::from_mins(1);
 
 fn running(pod: &Value, container: &str) -> bool {
     container_status(pod, container).is_some_and(|c| c["state"]["running"].is_object())

@@ -17,7 +17,7 @@ use crate::status::StatusManager;
 use super::PodManager;
 
 /// Container GC runs at least this often (the kubelet's 1 min), and sooner when asked.
-const GC_PERIOD: Duration = Duration::from_secs(60);
+const GC_PERIOD: Duration = Duration::from_mins(1);
 
 pub struct Housekeeping {
     runtime: Arc<dyn Runtime>,

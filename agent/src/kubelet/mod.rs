@@ -33,7 +33,7 @@ pub use node_ip::node_ip;
 pub use pod_manager::{PodManager, pod_uid};
 pub use runonce::RunPodResult;
 pub use runtime_state::RuntimeState;
-pub use server_host::NodeHelper;
+pub use server_host::{KubeletServerHost, NodeHelper};
 pub use sync_pod::running_pod_from_status;
 
 use housekeeping::Housekeeping;
@@ -131,8 +131,8 @@ impl Kubelet {
     }
 
     /// What the HTTP servers need to answer `/pods` and `/healthz`.
-    pub fn server_host(&self) -> Arc<server_host::KubeletServerHost> {
-        Arc::new(server_host::KubeletServerHost {
+    pub fn server_host(&self) -> Arc<KubeletServerHost> {
+        Arc::new(KubeletServerHost {
             pods: self.pods.clone(),
             status: self.status.clone(),
             runtime_state: self.runtime_state.clone(),

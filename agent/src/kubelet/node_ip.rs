@@ -30,8 +30,9 @@ fn first_non_loopback_ipv4() -> Option<Ipv4Addr> {
         if i32::from(family) != libc::AF_INET {
             continue;
         }
-        // SAFETY: the family is AF_INET, so the address is a sockaddr_in.
-        let addr = unsafe { &*entry.ifa_addr.cast::<libc::sockaddr_in>() };
+        // SAFETY: the family is AF_INET, so the address is a sockaddr_in; it is read unaligned
+        // because the list only guarantees a sockaddr's alignment.
+        let addr = unsafe { entry.ifa_addr.cast::<libc::sockaddr_in>().read_unaligned() };
         found = Some(Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)));
         break;
     }

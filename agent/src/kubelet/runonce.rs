@@ -19,7 +19,7 @@ const MAX_ATTEMPTS: u32 = 10;
 /// Wait before the first re-check; doubled after each attempt.
 const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// How long to wait for every source to deliver its pods.
-const SOURCES_TIMEOUT: Duration = Duration::from_secs(60);
+const SOURCES_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// The outcome for one pod.
 #[derive(Debug)]

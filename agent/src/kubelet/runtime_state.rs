@@ -69,9 +69,10 @@ impl RuntimeState {
         };
         let mut state = self.lock();
         if state.runtime_error != runtime_error {
-            match &runtime_error {
-                Some(err) => tracing::warn!("{err}"),
-                None => tracing::info!("container runtime is ready"),
+            if let Some(err) = &runtime_error {
+                tracing::warn!("{err}");
+            } else {
+                tracing::info!("container runtime is ready");
             }
         }
         state.runtime_error = runtime_error;

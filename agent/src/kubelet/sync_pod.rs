@@ -110,13 +110,11 @@ impl PodSyncer for KubeletSyncer {
             .as_ref()
             .and_then(|s| s.host_network)
             .unwrap_or(false);
-        if !host_network {
-            if let Some(reason) = self.runtime_state.network_error() {
-                return Err(SyncError {
-                    reason: "NetworkNotReady",
-                    message: reason,
-                });
-            }
+        if !host_network && let Some(reason) = self.runtime_state.network_error() {
+            return Err(SyncError {
+                reason: "NetworkNotReady",
+                message: reason,
+            });
         }
         self.pod_cgroups
             .ensure_exists(pod)

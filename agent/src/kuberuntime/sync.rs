@@ -240,7 +240,7 @@ impl KubeGenericRuntimeManager {
                 result.results.push(step(
                     SyncAction::ConfigPodSandbox,
                     pod_name(pod),
-                    Some(failure("CreatePodSandboxConfigError", e.to_string())),
+                    Some(failure("CreatePodSandboxConfigError", e.clone())),
                 ));
                 return;
             }
