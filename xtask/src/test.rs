@@ -1,4 +1,5 @@
-//! `cargo xtask test`: the unit and component tiers, then the privileged suite against the lab.
+//! `cargo xtask test`: the unit and component tiers, then the privileged tiers against the lab (the
+//! runtime manager's smoke tests on real containerd, and the end-to-end suite).
 //! Both tiers always run, so one failing tier still shows the other's results.
 
 use anyhow::{Result, bail};
@@ -18,11 +19,18 @@ pub fn run() -> Result<()> {
     lab::up()?;
 
     println!("== privileged tests");
-    let privileged = cargo()
+    let smoke = cargo()
+        .current_dir(&root)
+        .args(["test", "-p", "ringlet", "--lib", "kuberuntime::smoke_tests", "--"])
+        .args(["--ignored", "--test-threads=1"])
+        .status()?
+        .success();
+    let end_to_end = cargo()
         .current_dir(&root)
         .args(["test", "-p", "ringlet-tests", "--", "--test-threads=1"])
         .status()?
         .success();
+    let privileged = smoke && end_to_end;
 
     let verdict = |ok: bool| if ok { "passed" } else { "FAILED" };
     println!(
