@@ -6,10 +6,12 @@
 //! exposed through a cloneable [`PlegHandle`] so the sync loop can stall when the PLEG falls behind.
 
 mod generic;
+mod hints;
 mod health;
 
 pub use generic::GenericPleg;
 pub use health::PlegHandle;
+pub use hints::{Hint, HintKind, PodHint};
 
 use std::time::Duration;
 
