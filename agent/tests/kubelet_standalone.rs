@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,10 +20,12 @@ use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeHelper, RuntimeSettings};
 use ringlet::podconfig::{self, PodConfigOptions};
-use ringlet::server::ServerHost;
+use ringlet::server::{self, ServerHost};
 use ringlet_proto::runtime::v1 as cri;
 use support::fake_cri::FakeCri;
 use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 const NODE: &str = "test-node";
@@ -218,6 +221,45 @@ impl Agent {
     }
 }
 
+/// Serves the agent's `/healthz` on a free loopback port for as long as the test runs.
+async fn serve_healthz(host: Arc<dyn ServerHost>) -> SocketAddr {
+    let listener = server::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap_or_else(|e| panic!("binding the healthz listener: {e}"));
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("reading the healthz address: {e}"));
+    tokio::spawn(server::serve_healthz(
+        listener,
+        host,
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// One plain HTTP/1.1 GET: the status code and the raw answer.
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("sending GET {path}: {e}"));
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .await
+        .unwrap_or_else(|e| panic!("reading the answer to GET {path}: {e}"));
+    let code = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+    (code, answer)
+}
+
 /// Writes through a temporary file and a rename, so the file source never reads half a manifest.
 fn write_atomically(path: &Path, text: &str) {
     let partial = path.with_extension("partial");
@@ -311,6 +353,7 @@ async fn a_crashed_container_is_restarted_and_counted() {
 #[tokio::test]
 async fn pods_wait_for_an_unavailable_runtime() {
     let agent = Agent::start(|fake| fake.set_unavailable(true));
+    let healthz = serve_healthz(Arc::clone(&agent.host)).await;
     agent.write_manifest();
 
     // The PLEG keeps relisting while the runtime is down: five failed relists give the file source
@@ -324,6 +367,9 @@ async fn pods_wait_for_an_unavailable_runtime() {
         agent.health("syncloop").is_err(),
         "the sync loop is not going round while the runtime is down"
     );
+    let (code, answer) = http_get(healthz, "/healthz").await;
+    assert_eq!(code, 500, "{answer}");
+    assert!(answer.contains("[-]syncloop failed"), "{answer}");
     assert!(
         agent.pod().and_then(|p| p.status).is_none(),
         "the pod is not synced: {:?}",
@@ -338,4 +384,6 @@ async fn pods_wait_for_an_unavailable_runtime() {
         agent.health("syncloop").is_ok().then_some(())
     })
     .await;
+    let (code, answer) = http_get(healthz, "/healthz/syncloop").await;
+    assert_eq!(code, 200, "{answer}");
 }
