@@ -387,3 +387,49 @@ async fn pods_wait_for_an_unavailable_runtime() {
     let (code, answer) = http_get(healthz, "/healthz/syncloop").await;
     assert_eq!(code, 200, "{answer}");
 }
+
+#[tokio::test]
+async fn a_runtime_outage_leaves_a_running_pod_as_it_was() {
+    let agent = Agent::start(|_| {});
+    agent.write_manifest();
+    agent.wait_running().await;
+    let before = agent.fake.container_named("app");
+
+    // Down long enough for the runtime-status poll (every 5 s) to see it, so the sync loop stops.
+    agent.fake.set_unavailable(true);
+    let polled = agent.fake.call_count("Status");
+    wait_for("a failed runtime-status poll", || {
+        (agent.fake.call_count("Status") > polled).then_some(())
+    })
+    .await;
+    agent.fake.set_unavailable(false);
+    let polled = agent.fake.call_count("Status");
+    let listed = agent.fake.call_count("ListPodSandbox");
+    wait_for("a good runtime-status poll and five relists", || {
+        (agent.fake.call_count("Status") > polled
+            && agent.fake.call_count("ListPodSandbox") >= listed + 5)
+            .then_some(())
+    })
+    .await;
+    wait_for("a healthy sync loop", || {
+        agent.health("syncloop").is_ok().then_some(())
+    })
+    .await;
+
+    assert_eq!(
+        agent.fake.call_count("RunPodSandbox"),
+        1,
+        "no second sandbox"
+    );
+    assert_eq!(
+        agent.fake.call_count("CreateContainer"),
+        1,
+        "no second container"
+    );
+    assert_eq!(agent.fake.call_count("StopContainer"), 0);
+    assert_eq!(agent.fake.container_named("app"), before);
+    let app = agent
+        .running_app()
+        .unwrap_or_else(|| panic!("the pod is still Running: {:?}", agent.pod()));
+    assert_eq!(app.restart_count, 0);
+}

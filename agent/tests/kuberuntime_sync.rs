@@ -631,6 +631,58 @@ async fn a_call_slower_than_the_deadline_is_a_timeout_naming_the_call() {
         ),
         "{err:?}"
     );
+
+    // Abandoned calls leave the client usable once the runtime answers in time again.
+    setup.fake.delay_calls(Duration::ZERO);
+    let pods = setup
+        .manager
+        .get_pods(false)
+        .await
+        .expect("listing after the slow spell");
+    assert!(pods.is_empty());
+    let pod = simple_pod("after-timeout", "Always", &["app"]);
+    setup.sync_ok(&pod).await;
+    setup.running("app");
+}
+
+#[tokio::test]
+async fn a_changed_container_spec_restarts_only_that_container() {
+    let setup = Setup::new();
+    let pod = simple_pod("edit", "Always", &["kept", "changed"]);
+    setup.sync_ok(&pod).await;
+    let kept = setup.running("kept").id;
+    let old = setup.running("changed").id;
+
+    let mut edited = pod.clone();
+    if let Some(spec) = edited.spec.as_mut() {
+        spec.containers[1].command = Some(vec!["sleep".into(), "7200".into()]);
+    }
+    setup.fake.clear_calls();
+    let result = setup.sync_ok(&edited).await;
+    assert_eq!(
+        result
+            .results
+            .iter()
+            .map(|r| (r.action, r.target.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (SyncAction::KillContainer, "changed"),
+            (SyncAction::StartContainer, "changed")
+        ]
+    );
+    assert_eq!(
+        setup.running("kept").id,
+        kept,
+        "the unchanged container keeps running"
+    );
+    let new = setup.running("changed");
+    assert_ne!(new.id, old);
+    assert_eq!(new.config.command, ["sleep", "7200"]);
+    assert_eq!(
+        setup.fake.call_count("RunPodSandbox"),
+        0,
+        "the sandbox is kept"
+    );
 }
 
 #[tokio::test]
