@@ -817,3 +817,55 @@ async fn garbage_collection_keeps_the_limit_and_running_pods() {
         assert_eq!(sandbox.state, cri::PodSandboxState::SandboxReady, "{name}");
     }
 }
+
+#[tokio::test]
+async fn a_dead_sandbox_is_replaced_and_its_containers_restart_in_the_new_one() {
+    let setup = Setup::new();
+    let pod = simple_pod("phoenix", "Always", &["app"]);
+    setup.sync_ok(&pod).await;
+    let old_sandbox = setup.fake.sandboxes()[0].id.clone();
+    let old_app = setup.running("app").id;
+
+    // The sandbox goes away under the agent (its pause process died, or someone stopped it).
+    setup
+        .manager
+        .cri()
+        .stop_pod_sandbox(&old_sandbox)
+        .await
+        .expect("stopping the sandbox behind the agent's back");
+
+    let result = setup.sync_ok(&pod).await;
+    assert!(
+        result
+            .results
+            .iter()
+            .any(|r| r.action == SyncAction::CreatePodSandbox),
+        "{result:?}"
+    );
+    let sandboxes = setup.fake.sandboxes();
+    let new_sandbox = sandboxes
+        .iter()
+        .find(|s| s.id != old_sandbox)
+        .unwrap_or_else(|| panic!("a new sandbox: {sandboxes:?}"));
+    assert_eq!(new_sandbox.state, cri::PodSandboxState::SandboxReady);
+    assert_eq!(
+        new_sandbox.config.metadata.as_ref().map(|m| m.attempt),
+        Some(1),
+        "the new sandbox is the next attempt"
+    );
+    let app = setup.running("app");
+    assert_ne!(app.id, old_app);
+    assert_eq!(app.sandbox_id, new_sandbox.id);
+
+    let status = setup.status(&pod).await;
+    assert_eq!(
+        status.sandboxes[0].id.as_str(),
+        new_sandbox.id,
+        "newest first"
+    );
+    assert_eq!(status.container("app").map(|c| c.restart_count), Some(1));
+
+    setup.fake.clear_calls();
+    let result = setup.sync_ok(&pod).await;
+    assert!(result.results.is_empty(), "settled: {result:?}");
+}
