@@ -433,3 +433,70 @@ async fn a_runtime_outage_leaves_a_running_pod_as_it_was() {
         .unwrap_or_else(|| panic!("the pod is still Running: {:?}", agent.pod()));
     assert_eq!(app.restart_count, 0);
 }
+
+#[tokio::test]
+async fn a_finished_never_pod_succeeds_and_is_not_restarted() {
+    let agent = Agent::start(|_| {});
+    write_atomically(
+        &agent.manifest(),
+        &MANIFEST.replace("restartPolicy: Always", "restartPolicy: Never"),
+    );
+    agent.wait_running().await;
+    let app = agent
+        .fake
+        .container_named("app")
+        .unwrap_or_else(|| panic!("no app container"));
+
+    agent.fake.exit_container(&app.id, 0, "");
+    let status = wait_for("phase Succeeded in /pods", || {
+        agent
+            .pod()
+            .and_then(|p| p.status)
+            .filter(|s| s.phase.as_deref() == Some("Succeeded"))
+    })
+    .await;
+    let app_status = status
+        .container_statuses
+        .as_deref()
+        .and_then(|c| c.iter().find(|c| c.name == "app"))
+        .unwrap_or_else(|| panic!("app in /pods: {status:?}"));
+    let terminated = app_status
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .unwrap_or_else(|| panic!("app is terminated: {app_status:?}"));
+    assert_eq!(terminated.exit_code, 0);
+    assert_eq!(terminated.reason.as_deref(), Some("Completed"));
+    assert_eq!(app_status.restart_count, 0);
+    assert_eq!(
+        agent.fake.call_count("CreateContainer"),
+        1,
+        "never restarted"
+    );
+
+    // A pod in a terminal phase is torn down, as the kubelet does: its sandbox is stopped.
+    wait_for("the finished pod's sandbox to stop", || {
+        agent
+            .fake
+            .sandboxes()
+            .iter()
+            .all(|s| s.state == cri::PodSandboxState::SandboxNotready)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        agent.fake.call_count("CreateContainer"),
+        1,
+        "never restarted"
+    );
+    assert_eq!(agent.fake.call_count("RunPodSandbox"), 1, "no new sandbox");
+    assert_eq!(
+        agent
+            .pod()
+            .and_then(|p| p.status)
+            .and_then(|s| s.phase)
+            .as_deref(),
+        Some("Succeeded"),
+        "the phase stays"
+    );
+}
