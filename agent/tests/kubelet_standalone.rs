@@ -500,3 +500,37 @@ async fn a_finished_never_pod_succeeds_and_is_not_restarted() {
         "the phase stays"
     );
 }
+
+#[tokio::test]
+async fn an_edited_manifest_replaces_the_pod() {
+    let agent = Agent::start(|_| {});
+    agent.write_manifest();
+    agent.wait_running().await;
+    let old_uid = agent
+        .pod()
+        .and_then(|p| p.metadata.uid)
+        .unwrap_or_else(|| panic!("the pod has a uid"));
+
+    write_atomically(&agent.manifest(), &MANIFEST.replace("\"3600\"", "\"7200\""));
+    let new_uid = wait_for("the edited pod in /pods", || {
+        agent
+            .pod()
+            .and_then(|p| p.metadata.uid)
+            .filter(|uid| *uid != old_uid)
+    })
+    .await;
+    wait_for("only the edited pod's objects in the runtime", || {
+        let sandboxes = agent.fake.sandboxes();
+        let containers = agent.fake.containers();
+        let only_new = sandboxes.len() == 1
+            && sandboxes[0].uid() == new_uid
+            && sandboxes[0].state == cri::PodSandboxState::SandboxReady
+            && containers.len() == 1
+            && containers[0].state == cri::ContainerState::ContainerRunning
+            && containers[0].config.command == ["sleep", "7200"];
+        only_new.then_some(())
+    })
+    .await;
+    assert_eq!(agent.host.pods().len(), 1, "one pod in /pods");
+    agent.wait_running().await;
+}
