@@ -869,3 +869,45 @@ async fn a_dead_sandbox_is_replaced_and_its_containers_restart_in_the_new_one() 
     let result = setup.sync_ok(&pod).await;
     assert!(result.results.is_empty(), "settled: {result:?}");
 }
+
+#[tokio::test]
+async fn failed_create_and_start_are_reported_and_retried() {
+    let setup = Setup::new();
+    let pod = simple_pod("flaky", "Always", &["app"]);
+
+    setup
+        .fake
+        .fail_next("CreateContainer", tonic::Code::Internal, "no space left");
+    let result = setup.sync(&pod).await;
+    let (step, failure) = result
+        .first_failure()
+        .unwrap_or_else(|| panic!("the create fails: {result:?}"));
+    assert_eq!(
+        (step.action, step.target.as_str()),
+        (SyncAction::StartContainer, "app")
+    );
+    assert_eq!(failure.reason, "CreateContainerError");
+    assert!(failure.message.contains("no space left"), "{failure:?}");
+    assert!(setup.fake.containers().is_empty());
+
+    setup
+        .fake
+        .fail_next("StartContainer", tonic::Code::Unknown, "exec format error");
+    let result = setup.sync(&pod).await;
+    let (_, failure) = result
+        .first_failure()
+        .unwrap_or_else(|| panic!("the start fails: {result:?}"));
+    assert_eq!(failure.reason, "RunContainerError");
+    assert!(failure.message.contains("exec format error"), "{failure:?}");
+    let created = setup
+        .fake
+        .container_named("app")
+        .unwrap_or_else(|| panic!("the container was created"));
+    assert_eq!(created.state, cri::ContainerState::ContainerCreated);
+
+    // The next sync tries again and the pod runs; one sandbox throughout.
+    setup.sync_ok(&pod).await;
+    setup.running("app");
+    assert_eq!(setup.fake.sandboxes().len(), 1);
+    assert_eq!(setup.fake.call_count("RunPodSandbox"), 1);
+}
