@@ -3,6 +3,7 @@
 //! listeners, and runs until SIGINT/SIGTERM. Running containers are left alone on exit, so a restarted
 //! agent adopts them.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,9 @@ use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server;
 use tokio::sync::watch;
+
+/// Where container logs go, as with the kubelet (`/var/log/pods/<ns>_<name>_<uid>/…`).
+const POD_LOG_ROOT: &str = "/var/log/pods";
 
 /// The relist PLEG's period (the kubelet's 1 s).
 const RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -83,6 +87,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         node_name: config.node_name.clone(),
         host_ip: ringlet::kubelet::node_ip().to_string(),
         root_dir: config.root_dir.clone(),
+        pod_log_root: PathBuf::from(POD_LOG_ROOT),
         pod_cgroups: Arc::clone(&pod_cgroups),
     });
     let cri = CriClient::new(&kc.container_runtime_endpoint, kc.runtime_request_timeout)

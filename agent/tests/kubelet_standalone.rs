@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use ringlet::apis::config::CgroupDriver;
 use ringlet::cm::PodContainerManager;
-use ringlet::container::{ContainerId, PodUid, Runtime};
+use ringlet::container::Runtime;
 use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
-use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeHelper, RuntimeSettings};
+use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server::{self, ServerHost};
 use ringlet_proto::runtime::v1 as cri;
@@ -47,39 +47,6 @@ spec:
     image: busybox
     command: [sleep, \"3600\"]
 ";
-
-/// The agent's `NodeHelper`, with pod logs in the test's directory instead of `/var/log/pods`
-/// (which needs root).
-struct TempLogs {
-    node: NodeHelper,
-    logs: PathBuf,
-}
-
-impl RuntimeHelper for TempLogs {
-    fn pod_cgroup_parent(&self, pod: &Pod) -> Result<String, String> {
-        self.node.pod_cgroup_parent(pod)
-    }
-
-    fn pod_dir(&self, uid: &PodUid) -> PathBuf {
-        self.node.pod_dir(uid)
-    }
-
-    fn node_name(&self) -> &str {
-        self.node.node_name()
-    }
-
-    fn pod_log_dir(&self, namespace: &str, name: &str, uid: &PodUid) -> PathBuf {
-        self.logs.join(format!("{namespace}_{name}_{uid}"))
-    }
-
-    fn host_ip(&self) -> Option<String> {
-        self.node.host_ip()
-    }
-
-    fn restart_reason(&self, container: &ContainerId) -> Option<String> {
-        self.node.restart_reason(container)
-    }
-}
 
 /// A running agent core on the fake runtime; the sync loop is stopped when it is dropped.
 struct Agent {
@@ -114,14 +81,12 @@ impl Agent {
             PodContainerManager::new("/", CgroupDriver::Cgroupfs, false)
                 .unwrap_or_else(|e| panic!("creating the pod cgroup manager: {e}")),
         );
-        let helper = Arc::new(TempLogs {
-            node: NodeHelper {
-                node_name: NODE.to_owned(),
-                host_ip: "192.0.2.10".to_owned(),
-                root_dir: root.path().to_owned(),
-                pod_cgroups: Arc::clone(&pod_cgroups),
-            },
-            logs: root.path().join("logs"),
+        let helper = Arc::new(NodeHelper {
+            node_name: NODE.to_owned(),
+            host_ip: "192.0.2.10".to_owned(),
+            root_dir: root.path().to_owned(),
+            pod_log_root: root.path().join("logs"),
+            pod_cgroups: Arc::clone(&pod_cgroups),
         });
         let cri = CriClient::new(&fake.endpoint(), Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("creating the CRI client: {e}"));

@@ -21,7 +21,14 @@ pub fn run() -> Result<()> {
     println!("== privileged tests");
     let smoke = cargo()
         .current_dir(&root)
-        .args(["test", "-p", "ringlet", "--lib", "kuberuntime::smoke_tests", "--"])
+        .args([
+            "test",
+            "-p",
+            "ringlet",
+            "--lib",
+            "kuberuntime::smoke_tests",
+            "--",
+        ])
         .args(["--ignored", "--test-threads=1"])
         .status()?
         .success();

@@ -52,7 +52,10 @@ impl Housekeeping {
 
     pub async fn run(&mut self, pods: &PodManager, workers: &PodWorkers, status: &StatusManager) {
         let desired = pods.uids();
-        workers.forget_finished(&desired);
+        if !workers.forget_finished(&desired).is_empty() {
+            // A pod finished terminating: its dead containers and sandbox can go now.
+            self.gc_requested = true;
+        }
         let known = workers.known_pods();
         let keep: HashSet<PodUid> = desired.union(&known).cloned().collect();
         status.remove_orphans(&keep);

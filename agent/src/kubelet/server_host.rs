@@ -67,6 +67,8 @@ pub struct NodeHelper {
     pub node_name: String,
     pub host_ip: String,
     pub root_dir: PathBuf,
+    /// Where pod log directories go (the kubelet's `/var/log/pods`).
+    pub pod_log_root: PathBuf,
     pub pod_cgroups: Arc<PodContainerManager>,
 }
 
@@ -87,5 +89,9 @@ impl RuntimeHelper for NodeHelper {
 
     fn node_name(&self) -> &str {
         &self.node_name
+    }
+
+    fn pod_log_dir(&self, namespace: &str, name: &str, uid: &PodUid) -> PathBuf {
+        self.pod_log_root.join(format!("{namespace}_{name}_{uid}"))
     }
 }
