@@ -405,6 +405,28 @@ pub(super) fn drop_duplicates(pods: Vec<(String, Pod)>, problems: &mut Vec<Probl
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_example_manifest_is_a_valid_static_pod() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/pods");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&examples).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (index, value) in documents(&text).unwrap() {
+                let pod =
+                    decode_pod(index, value).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                normalize(pod, Origin::File(&path), "node1")
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                checked += 1;
+            }
+        }
+        assert!(
+            checked >= 3,
+            "only {checked} example pods found in {}",
+            examples.display()
+        );
+    }
+
     use super::*;
 
     const WEB: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: web\n    image: nginx:1.27\n  - name: side\n    image: busybox\n";
