@@ -415,3 +415,37 @@ spec:
 "#
     )
 }
+
+/// Runs `ringlet --runonce` on the given manifests as node `node`; returns (exit success, stdout).
+pub fn run_once(node: &str, manifests: &[(&str, String)]) -> Result<(bool, String)> {
+    let dir = tempfile::Builder::new()
+        .prefix("ringlet-runonce-")
+        .tempdir()?;
+    let manifest_dir = dir.path().join("manifests");
+    fs::create_dir_all(&manifest_dir)?;
+    for (file, content) in manifests {
+        fs::write(manifest_dir.join(file), content)?;
+    }
+    let output = Command::new(ringlet_binary()?)
+        .args([
+            "--runonce",
+            "--pod-manifest-path",
+            &manifest_dir.display().to_string(),
+            "--root-dir",
+            &dir.path().join("root").display().to_string(),
+            "--hostname-override",
+            node,
+            "--container-runtime-endpoint",
+            &format!("unix://{CONTAINERD_SOCKET}"),
+        ])
+        .output()
+        .context("cannot run ringlet --runonce")?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        eprintln!(
+            "runonce stderr:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok((output.status.success(), stdout))
+}

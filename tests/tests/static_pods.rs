@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Result;
 use ringlet_tests::{
     Agent, AgentOptions, busybox_pod, container_status, containers_of_node, http_get, phase,
-    require_lab, wait_for,
+    require_lab, run_once, wait_for,
 };
 use serde_json::Value;
 
@@ -385,6 +385,45 @@ fn the_manifest_url_source_runs_and_removes_pods() -> Result<()> {
     }
     wait_for("the remote pod to be removed", START, || {
         agent.pod("remote").is_none().then_some(())
+    })?;
+    Ok(())
+}
+
+#[test]
+fn run_once_starts_the_pods_and_reports_failures() -> Result<()> {
+    if !require_lab("run_once_starts_the_pods_and_reports_failures") {
+        return Ok(());
+    }
+    let node = "e2e-runonce";
+    let good = busybox_pod("good", "Always", "exec sleep 3600");
+    let (ok, stdout) = run_once(node, &[("good.yaml", good.clone())])?;
+    assert!(ok, "runonce with a good pod must succeed: {stdout}");
+    assert!(
+        stdout.contains(&format!("default/good-{node}: running")),
+        "{stdout}"
+    );
+    assert_eq!(
+        containers_of_node(node)?.len(),
+        2,
+        "sandbox and container keep running"
+    );
+
+    let bad = busybox_pod("bad", "Never", "exit 4");
+    let (ok, stdout) = run_once(node, &[("good.yaml", good), ("bad.yaml", bad)])?;
+    assert!(!ok, "runonce with a failing pod must fail: {stdout}");
+    assert!(
+        stdout.contains(&format!("default/bad-{node}: failed")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 failed"), "{stdout}");
+
+    // A normal agent for the same node with no manifests stops and removes what runonce left.
+    let agent = Agent::start("runonce", AgentOptions::default())?;
+    wait_for("the runonce pods to be cleaned up", START, || {
+        containers_of_node(&agent.node)
+            .ok()?
+            .is_empty()
+            .then_some(())
     })?;
     Ok(())
 }
