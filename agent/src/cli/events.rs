@@ -2,6 +2,7 @@
 //! (optionally only one namespace's or one pod's) and prints one line per event, as text for people
 //! or as JSON objects for scripts.
 
+use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -235,11 +236,12 @@ pub fn format_text(item: &WatchItem) -> String {
                 record.pod_name,
                 record.kind.as_str(),
             );
+            // Writing to a String cannot fail.
             if let Some(code) = record.exit_code {
-                line.push_str(&format!(" exit={code}"));
+                let _ = write!(line, " exit={code}");
             }
             if let Some(latency) = record.kernel_to_event {
-                line.push_str(&format!(" latency={}", format_latency(latency)));
+                let _ = write!(line, " latency={}", format_latency(latency));
             }
             line
         }
@@ -289,7 +291,7 @@ pub fn run_events(args: EventsArgs) -> ExitCode {
         .enable_all()
         .build()
         .map_err(|source| EventsError::Runtime { source })
-        .and_then(|runtime| runtime.block_on(print_events(&args, &mut io::stdout().lock())));
+        .and_then(|runtime| runtime.block_on(print_events(args, &mut io::stdout().lock())));
     match result {
         Ok(()) => {
             eprintln!("ringlet events: the agent ended the event stream (it is shutting down)");
@@ -308,13 +310,18 @@ pub fn run_events(args: EventsArgs) -> ExitCode {
 
 /// Streams the events `args` asks for into `out`, one line each, until the agent ends the stream.
 pub(crate) async fn print_events(
-    args: &EventsArgs,
+    args: EventsArgs,
     out: &mut impl Write,
 ) -> Result<(), EventsError> {
-    let mut watch =
-        watch_events(&args.socket, args.namespace.as_deref(), args.pod.as_deref()).await?;
+    let EventsArgs {
+        socket,
+        namespace,
+        pod,
+        output,
+    } = args;
+    let mut watch = watch_events(&socket, namespace.as_deref(), pod.as_deref()).await?;
     while let Some(item) = watch.next().await? {
-        let line = match args.output {
+        let line = match output {
             OutputFormat::Text => format_text(&item),
             OutputFormat::Json => format_json(&item),
         };

@@ -3,6 +3,7 @@
 
 mod events;
 
+#[cfg(test)]
 pub(crate) use events::print_events;
 pub use events::{
     ConnectFailure, EventWatch, EventsArgs, EventsError, OutputFormat, WatchItem, format_json,

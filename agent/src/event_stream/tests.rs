@@ -252,7 +252,7 @@ async fn lagging_watcher_is_told_how_many_it_missed() {
     }
     match next(&mut watch).await {
         WatchItem::Lost { missed, .. } => assert_eq!(missed, 6),
-        other => panic!("expected the loss first, got {other:?}"),
+        other @ WatchItem::Event(_) => panic!("expected the loss first, got {other:?}"),
     }
     for want in &published[6..] {
         assert_eq!(next(&mut watch).await, WatchItem::Event(want.clone()));
@@ -373,7 +373,7 @@ async fn cli_prints_matching_events_until_shutdown_ends_the_stream() {
             buffer: Vec::new(),
             lines,
         };
-        crate::cli::print_events(&args, &mut sink).await
+        crate::cli::print_events(args, &mut sink).await
     });
     tokio::time::timeout(IO_TIMEOUT, async {
         while server.broadcaster.watcher_count() == 0 {
