@@ -21,6 +21,9 @@ use crate::event_stream::{
     DEFAULT_SOCKET_PATH, LifecycleKind, LifecycleRecord, from_unix_nanos, unix_nanos,
 };
 
+/// How long the agent has to accept the watch; it answers at once unless it is stuck.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The flags of `ringlet events`.
 #[derive(Clone, Debug, clap::Parser)]
 #[command(
@@ -88,6 +91,8 @@ pub enum EventsError {
         #[source]
         reason: ConnectFailure,
     },
+    #[error("ringlet's event socket {} did not answer within {timeout:?} (is the agent stuck?)", socket.display())]
+    Unresponsive { socket: PathBuf, timeout: Duration },
     #[error("starting the event watch failed: {code:?}: {message}")]
     Watch { code: Code, message: String },
     #[error("reading the event stream failed: {code:?}: {message}")]
@@ -133,6 +138,20 @@ pub async fn watch_events(
     namespace: Option<&str>,
     pod: Option<&str>,
 ) -> Result<EventWatch, EventsError> {
+    let request = pb::WatchRequest {
+        namespace: namespace.unwrap_or_default().to_owned(),
+        pod: pod.unwrap_or_default().to_owned(),
+    };
+    // Only the start is bounded: once watching, hours without an event are normal.
+    tokio::time::timeout(ANSWER_TIMEOUT, start_watch(socket, request))
+        .await
+        .map_err(|_| EventsError::Unresponsive {
+            socket: socket.to_owned(),
+            timeout: ANSWER_TIMEOUT,
+        })?
+}
+
+async fn start_watch(socket: &Path, request: pb::WatchRequest) -> Result<EventWatch, EventsError> {
     let path = socket.to_owned();
     // The URI is required by the API but never resolved: every connection goes to the socket.
     let channel = Endpoint::from_static("http://ringlet-events.invalid")
@@ -145,10 +164,6 @@ pub async fn watch_events(
             socket: socket.to_owned(),
             reason: classify(source),
         })?;
-    let request = pb::WatchRequest {
-        namespace: namespace.unwrap_or_default().to_owned(),
-        pod: pod.unwrap_or_default().to_owned(),
-    };
     let stream = EventServiceClient::new(channel)
         .watch(request)
         .await

@@ -453,3 +453,15 @@ async fn socket_nobody_serves_says_connection_refused() {
         "{err:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn agent_that_never_answers_is_reported_not_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.sock");
+    // Connections queue in the backlog and nobody ever speaks HTTP/2 on them.
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let Err(err) = watch_events(&path, None, None).await else {
+        panic!("watching a silent socket succeeded");
+    };
+    assert!(matches!(err, EventsError::Unresponsive { .. }), "{err:?}");
+}
