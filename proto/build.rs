@@ -1,15 +1,23 @@
-//! Generates the CRI client and server code from `cri/api.proto`. The proto is parsed by `protox`
+//! Generates Rust from the protos: the CRI client and server code from `cri/api.proto`, and
+//! ringlet's own event API from `ringlet/events/v1/events.proto`. The protos are parsed by `protox`
 //! (pure Rust), so building needs no `protoc` on the machine.
 
 use std::error::Error;
 
+/// Each proto with the include directory its imports are resolved against.
+const PROTOS: [(&str, &str); 2] = [
+    ("cri/api.proto", "cri"),
+    ("ringlet/events/v1/events.proto", "."),
+];
+
 fn main() -> Result<(), Box<dyn Error>> {
-    let proto = "cri/api.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let descriptors = protox::compile([proto], ["cri"])?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
+    for (proto, include) in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+        let descriptors = protox::compile([proto], [include])?;
+        tonic_prost_build::configure()
+            .build_client(true)
+            .build_server(true)
+            .compile_fds(descriptors)?;
+    }
     Ok(())
 }

@@ -3,8 +3,10 @@
 //! kubelet package it corresponds to.
 
 pub mod apis;
+pub mod cli;
 pub mod cm;
 pub mod container;
+pub mod event_stream;
 pub mod events;
 pub mod kubelet;
 pub mod kuberuntime;

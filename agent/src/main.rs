@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Parser;
 use ringlet::apis::config::{self, AgentConfig, KubeletConfiguration};
+use ringlet::cli;
 use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
 use ringlet::events::Recorder;
@@ -26,6 +28,13 @@ const POD_LOG_ROOT: &str = "/var/log/pods";
 const RELIST_PERIOD: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
+    // `ringlet events` inspects a running agent: none of the agent's flags or config apply.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == "events")
+    {
+        return cli::run_events(cli::EventsArgs::parse_from(std::env::args_os().skip(1)));
+    }
     let (config, warnings) = match config::load(std::env::args_os()) {
         Ok(loaded) => loaded,
         Err(config::ConfigError::Flags(err)) => err.exit(),
