@@ -106,6 +106,38 @@ impl PodStatus {
         self.containers.iter().find(|c| c.name == name)
     }
 
+    /// The live part of the pod in the shape `Runtime::kill_pod` takes: ready sandboxes and
+    /// containers that have not exited (stopping stopped objects again would only cost CRI calls).
+    pub fn live_part(&self) -> RunningPod {
+        RunningPod {
+            uid: self.uid.clone(),
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            sandboxes: self
+                .sandboxes
+                .iter()
+                .filter(|s| s.state == SandboxState::Ready)
+                .map(|s| RunningSandbox {
+                    id: s.id.clone(),
+                    state: s.state,
+                    created_at: s.created_at,
+                })
+                .collect(),
+            containers: self
+                .containers
+                .iter()
+                .filter(|c| c.state != ContainerState::Exited)
+                .map(|c| RunningContainer {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    state: c.state,
+                    hash: c.hash.clone(),
+                    created_at: c.created_at,
+                })
+                .collect(),
+        }
+    }
+
     /// Whether any container of the pod is running.
     pub fn has_running_containers(&self) -> bool {
         self.containers

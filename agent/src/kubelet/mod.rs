@@ -34,7 +34,6 @@ pub use pod_manager::{PodManager, pod_uid};
 pub use runonce::RunPodResult;
 pub use runtime_state::RuntimeState;
 pub use server_host::{KubeletServerHost, NodeHelper};
-pub use sync_pod::running_pod_from_status;
 
 use housekeeping::Housekeeping;
 use runtime_state::RUNTIME_UP_PERIOD;

@@ -8,10 +8,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::cm::{PodContainerManager, qos_class};
-use crate::container::{
-    ContainerState, PodStatus, PodUid, RunningContainer, RunningPod, RunningSandbox, Runtime,
-    SandboxState,
-};
+use crate::container::{PodStatus, PodUid, Runtime};
 use crate::events::{EventType, Recorder};
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
 use crate::status::{ReasonCache, StatusManager, generate_api_pod_status};
@@ -45,35 +42,6 @@ fn uid_of(pod: &Pod) -> PodUid {
 
 fn is_terminal_phase(phase: Option<&str>) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
-}
-
-/// The runtime view of a pod's sandboxes and containers, as `kill_pod` takes it.
-pub fn running_pod_from_status(status: &PodStatus) -> RunningPod {
-    RunningPod {
-        uid: status.uid.clone(),
-        name: status.name.clone(),
-        namespace: status.namespace.clone(),
-        sandboxes: status
-            .sandboxes
-            .iter()
-            .map(|s| RunningSandbox {
-                id: s.id.clone(),
-                state: s.state,
-                created_at: s.created_at,
-            })
-            .collect(),
-        containers: status
-            .containers
-            .iter()
-            .map(|c| RunningContainer {
-                id: c.id.clone(),
-                name: c.name.clone(),
-                state: c.state,
-                hash: c.hash.clone(),
-                created_at: c.created_at,
-            })
-            .collect(),
-    }
 }
 
 impl KubeletSyncer {
@@ -158,16 +126,8 @@ impl PodSyncer for KubeletSyncer {
         status: &PodStatus,
         grace_period_override: Option<i64>,
     ) -> Result<(), SyncError> {
-        let running = running_pod_from_status(status);
-        let has_running = running
-            .containers
-            .iter()
-            .any(|c| c.state == ContainerState::Running)
-            || running
-                .sandboxes
-                .iter()
-                .any(|s| s.state == SandboxState::Ready);
-        if has_running {
+        let running = status.live_part();
+        if !running.containers.is_empty() || !running.sandboxes.is_empty() {
             tracing::info!(pod = %pod_object(pod), "stopping pod");
             self.runtime
                 .kill_pod(Some(pod), &running, grace_period_override)

@@ -16,8 +16,8 @@ use super::images::{PullPolicy, normalize_image, pull_policy};
 use super::sandbox::{host_network, namespace_options, sandbox_config};
 use super::{CriError, KubeGenericRuntimeManager, labels};
 use crate::container::{
-    ContainerId, ContainerState, PodStatus, PodSyncResult, PodUid, RunningPod, SandboxState,
-    SyncAction, SyncFailure, SyncResult,
+    ContainerId, ContainerState, PodStatus, PodSyncResult, PodUid, RunningPod, SyncAction,
+    SyncFailure, SyncResult,
 };
 use crate::events::EventType;
 use crate::volumes::{PodVolumes, setup_pod_volumes};
@@ -138,7 +138,7 @@ impl KubeGenericRuntimeManager {
                     "Pod sandbox changed, it will be killed and re-created.".to_owned(),
                 );
             }
-            let running = running_from_status(status);
+            let running = status.live_part();
             self.kill_pod_with_result(Some(pod), &running, None, &mut result)
                 .await;
             if let Some(init) = &actions.init_failed {
@@ -754,38 +754,6 @@ impl KubeGenericRuntimeManager {
             }
         }
         DEFAULT_GRACE_SECONDS
-    }
-}
-
-/// The live part of a pod status in the shape `kill_pod_with_result` takes: containers not yet
-/// exited and ready sandboxes (stopping stopped objects again would only cost CRI calls).
-fn running_from_status(status: &PodStatus) -> RunningPod {
-    RunningPod {
-        uid: status.uid.clone(),
-        name: status.name.clone(),
-        namespace: status.namespace.clone(),
-        sandboxes: status
-            .sandboxes
-            .iter()
-            .filter(|s| s.state == SandboxState::Ready)
-            .map(|s| crate::container::RunningSandbox {
-                id: s.id.clone(),
-                state: s.state,
-                created_at: s.created_at,
-            })
-            .collect(),
-        containers: status
-            .containers
-            .iter()
-            .filter(|c| c.state != ContainerState::Exited)
-            .map(|c| crate::container::RunningContainer {
-                id: c.id.clone(),
-                name: c.name.clone(),
-                state: c.state,
-                hash: c.hash.clone(),
-                created_at: c.created_at,
-            })
-            .collect(),
     }
 }
 
