@@ -8,6 +8,7 @@ pub mod container;
 pub mod events;
 pub mod kubelet;
 pub mod kuberuntime;
+pub mod metrics;
 pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;

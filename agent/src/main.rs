@@ -5,7 +5,6 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use ringlet::apis::config::{self, AgentConfig, KubeletConfiguration};
@@ -14,12 +13,10 @@ use ringlet::container::Runtime;
 use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
+use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server;
 use tokio::sync::watch;
-
-/// The relist PLEG's period (the kubelet's 1 s).
-const RELIST_PERIOD: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let (config, warnings) = match config::load(std::env::args_os()) {
@@ -107,6 +104,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         },
         recorder.clone(),
     );
+    let metrics = Metrics::new().context("cannot set up the metrics")?;
     let kubelet = Kubelet::new(
         KubeletSettings {
             node_name: config.node_name.clone(),
@@ -116,11 +114,14 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             max_dead_containers_per_container: config
                 .max_dead_containers_per_container
                 .unwrap_or(usize::MAX),
-            relist_period: RELIST_PERIOD,
+            pleg_relist_period: kc.pleg_relist_period,
         },
         runtime,
         pod_cgroups,
         recorder,
+        // The eBPF hint source is not wired yet: every --pleg-mode runs the relist PLEG for now.
+        None,
+        metrics,
     );
 
     if config.runonce {

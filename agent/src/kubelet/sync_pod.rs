@@ -3,17 +3,19 @@
 //! its cgroup exists, let the runtime move it one step towards its spec; stop it; release what it held.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::cm::{PodContainerManager, qos_class};
-use crate::container::{
-    ContainerState, PodStatus, PodUid, RunningContainer, RunningPod, RunningSandbox, Runtime,
-    SandboxState,
-};
+use crate::container::{ContainerState, PodStatus, PodUid, Runtime, SandboxState};
 use crate::events::{EventType, Recorder};
+use crate::metrics::Metrics;
+use crate::pleg::{LatencyTracker, running_pod_from_status};
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
+use crate::podconfig::CONFIG_SEEN_ANNOTATION;
 use crate::status::{ReasonCache, StatusManager, generate_api_pod_status};
 use crate::volumes;
 
@@ -29,6 +31,9 @@ pub struct KubeletSyncer {
     pub runtime_state: RuntimeState,
     pub host_ip: String,
     pub pods_dir: std::path::PathBuf,
+    pub metrics: Metrics,
+    /// Observes kernel → status latency when a status changes after a hint-driven PLEG event.
+    pub latency: LatencyTracker,
 }
 
 fn pod_object(pod: &Pod) -> String {
@@ -47,33 +52,19 @@ fn is_terminal_phase(phase: Option<&str>) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// The runtime view of a pod's sandboxes and containers, as `kill_pod` takes it.
-pub fn running_pod_from_status(status: &PodStatus) -> RunningPod {
-    RunningPod {
-        uid: status.uid.clone(),
-        name: status.name.clone(),
-        namespace: status.namespace.clone(),
-        sandboxes: status
-            .sandboxes
-            .iter()
-            .map(|s| RunningSandbox {
-                id: s.id.clone(),
-                state: s.state,
-                created_at: s.created_at,
-            })
-            .collect(),
-        containers: status
-            .containers
-            .iter()
-            .map(|c| RunningContainer {
-                id: c.id.clone(),
-                name: c.name.clone(),
-                state: c.state,
-                hash: c.hash.clone(),
-                created_at: c.created_at,
-            })
-            .collect(),
-    }
+/// How long ago the pod was first seen, from its `kubernetes.io/config.seen` annotation (the
+/// kubelet's `firstSeenTime`).
+fn since_first_seen(pod: &Pod, now: SystemTime) -> Option<Duration> {
+    let seen: Timestamp = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(CONFIG_SEEN_ANNOTATION)?
+        .parse()
+        .ok()?;
+    let now = now.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+    let elapsed = i128::try_from(now).ok()? - seen.as_nanosecond();
+    u64::try_from(elapsed).ok().map(Duration::from_nanos)
 }
 
 impl KubeletSyncer {
@@ -88,7 +79,19 @@ impl KubeletSyncer {
             &self.host_ip,
         );
         let phase = api_status.phase.clone();
-        self.status.set_pod_status(pod, api_status);
+        if self.status.set_pod_status(pod, api_status) {
+            self.latency.status_changed(&uid);
+            // The kubelet's pod start duration: the first time a pod reaches Running.
+            let was_pending = previous
+                .as_ref()
+                .is_none_or(|p| matches!(p.phase.as_deref(), None | Some("Pending")));
+            if was_pending
+                && phase.as_deref() == Some("Running")
+                && let Some(duration) = since_first_seen(pod, SystemTime::now())
+            {
+                self.metrics.observe_pod_start(duration);
+            }
+        }
         phase
     }
 }
