@@ -33,12 +33,12 @@ use crate::pod_workers::{
 use crate::podconfig::{PodOperation, PodUpdate, SourcesReady};
 use crate::status::{ReasonCache, StatusManager};
 
+pub use crate::pleg::running_pod_from_status;
 pub use node_ip::node_ip;
 pub use pod_manager::{PodManager, pod_uid};
 pub use runonce::RunPodResult;
 pub use runtime_state::RuntimeState;
 pub use server_host::{KubeletServerHost, NodeHelper};
-pub use crate::pleg::running_pod_from_status;
 
 use housekeeping::Housekeeping;
 use runtime_state::RUNTIME_UP_PERIOD;

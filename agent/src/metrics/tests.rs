@@ -1,3 +1,6 @@
+// Counts and gauges are small integers, exact in f64.
+#![allow(clippy::float_cmp)]
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
@@ -48,7 +51,9 @@ fn parse(text: &str) -> (BTreeMap<String, String>, BTreeMap<String, f64>) {
         let (series, value) = line.rsplit_once(' ').expect("sample has a value");
         let value: f64 = match value {
             "+Inf" => f64::INFINITY,
-            other => other.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+            other => other
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line}")),
         };
         let name = series.split('{').next().unwrap();
         assert!(
@@ -56,8 +61,10 @@ fn parse(text: &str) -> (BTreeMap<String, String>, BTreeMap<String, f64>) {
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
             "bad metric name in {line}"
         );
-        if let Some(labels) = series.strip_prefix(name) {
-            if !labels.is_empty() {
+        if let Some(labels) = series.strip_prefix(name)
+            && !labels.is_empty()
+        {
+            {
                 let inner = labels
                     .strip_prefix('{')
                     .and_then(|l| l.strip_suffix('}'))
@@ -132,7 +139,10 @@ fn buckets_are_the_kubelets_and_sub_millisecond_for_latency() {
         POD_START_BUCKETS.len() + 1
     );
     let latency = buckets("ringlet_pleg_event_latency_seconds");
-    assert!(latency.contains("0.00005") && latency.contains("0.0005"), "{latency:?}");
+    assert!(
+        latency.contains("0.00005") && latency.contains("0.0005"),
+        "{latency:?}"
+    );
 }
 
 #[test]
@@ -151,8 +161,14 @@ fn updates_show_in_the_output() {
     let (_, samples) = parse(&metrics.render().unwrap());
     assert_eq!(samples["ringlet_pleg_mode{mode=\"ebpf\"}"], 1.0);
     assert_eq!(samples["ringlet_pleg_mode{mode=\"relist\"}"], 0.0);
-    assert_eq!(samples["ringlet_pleg_hints_total{kind=\"oom_killed\"}"], 1.0);
-    assert_eq!(samples["ringlet_pleg_relists_total{type=\"targeted\"}"], 2.0);
+    assert_eq!(
+        samples["ringlet_pleg_hints_total{kind=\"oom_killed\"}"],
+        1.0
+    );
+    assert_eq!(
+        samples["ringlet_pleg_relists_total{type=\"targeted\"}"],
+        2.0
+    );
     assert_eq!(samples["ringlet_ebpf_ring_buffer_drops_total"], 7.0);
     assert_eq!(samples["kubelet_running_pods"], 3.0);
     assert_eq!(

@@ -336,8 +336,8 @@ impl GenericPleg {
         self.reinspect.remove(uid);
 
         let current = running_pod_from_status(&status);
-        let current = (!current.sandboxes.is_empty() || !current.containers.is_empty())
-            .then_some(current);
+        let current =
+            (!current.sandboxes.is_empty() || !current.containers.is_empty()).then_some(current);
         let running = states(current.as_ref());
         let lagging: Vec<ContainerId> = self
             .queue
@@ -346,23 +346,17 @@ impl GenericPleg {
             .filter(|c| running.get(c) == Some(&PlegState::Running))
             .collect();
 
-        let changed = self
-            .cache
-            .get(uid)
-            .is_none_or(|cached| *cached != status);
+        let changed = self.cache.get(uid).is_none_or(|cached| *cached != status);
         let old = self.records.get(uid).and_then(|record| record.old.as_ref());
         let events = compute_pod_events(uid, old, current.as_ref());
-        match current {
-            Some(current) => {
-                self.cache.set(status, start);
-                let record = self.records.entry(uid.clone()).or_default();
-                record.old = Some(current);
-                record.current = None;
-            }
-            None => {
-                self.cache.delete(uid);
-                self.records.remove(uid);
-            }
+        if let Some(current) = current {
+            self.cache.set(status, start);
+            let record = self.records.entry(uid.clone()).or_default();
+            record.old = Some(current);
+            record.current = None;
+        } else {
+            self.cache.delete(uid);
+            self.records.remove(uid);
         }
         let mut sent = 0;
         for event in events {
@@ -382,8 +376,10 @@ impl GenericPleg {
         match self.queue.settle(uid, &lagging, Instant::now()) {
             Settled::Done { lag: Some(lag) } => self.metrics.observe_runtime_lag(lag),
             Settled::Done { lag: None } | Settled::Retrying => {}
-            Settled::GaveUp { waited } => tracing::warn!(pod = %uid, containers = ?lagging, ?waited,
-                "the runtime still reports containers running that the kernel saw exit; leaving them to the next full relist"),
+            Settled::GaveUp { waited } => {
+                tracing::warn!(pod = %uid, containers = ?lagging, ?waited,
+                "the runtime still reports containers running that the kernel saw exit; leaving them to the next full relist");
+            }
         }
         self.update_running_metrics();
     }
@@ -472,8 +468,9 @@ impl GenericPleg {
                 *containers.entry(container.state).or_default() += 1;
             }
         }
-        self.metrics
-            .set_running(sandboxes, |state| containers.get(&state).copied().unwrap_or(0));
+        self.metrics.set_running(sandboxes, |state| {
+            containers.get(&state).copied().unwrap_or(0)
+        });
     }
 
     /// Sends an event; when a hint led to it, observes the kernel → event latency.

@@ -156,7 +156,12 @@ impl HintQueue {
     /// After a targeted relist of `pod` read at `now`: `lagging` are the containers a `Died` hint
     /// named that the runtime still reports running. Clears what the read settled and schedules or
     /// advances the lag back-off.
-    pub(super) fn settle(&mut self, pod: &PodUid, lagging: &[ContainerId], now: Instant) -> Settled {
+    pub(super) fn settle(
+        &mut self,
+        pod: &PodUid,
+        lagging: &[ContainerId],
+        now: Instant,
+    ) -> Settled {
         let Some(entry) = self.pods.get_mut(pod) else {
             return Settled::Done { lag: None };
         };
@@ -217,6 +222,7 @@ impl HintQueue {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use PodLifecycleEventKind::{ContainerDied, ContainerRemoved, ContainerStarted, PodSync};
 
     fn hint(pod: &str, kind: HintKind, container: Option<&str>, t: u64) -> PodHint {
         PodHint {
@@ -264,7 +270,6 @@ mod tests {
         let p = PodUid::from("p");
         let c = ContainerId::from("c");
         let other = ContainerId::from("d");
-        use PodLifecycleEventKind::{ContainerDied, ContainerRemoved, ContainerStarted, PodSync};
         assert_eq!(q.hint_time(&p, ContainerStarted, Some(&c)), Some(10));
         assert_eq!(q.hint_time(&p, ContainerDied, Some(&c)), Some(20));
         assert_eq!(q.hint_time(&p, ContainerRemoved, Some(&c)), Some(10));
@@ -281,7 +286,10 @@ mod tests {
         q.push(hint("p", HintKind::Died, Some("c"), 1));
         let mut now = Instant::now();
         assert_eq!(q.pop_ready(), Some(p.clone()));
-        assert_eq!(q.settle(&p, std::slice::from_ref(&c), now), Settled::Retrying);
+        assert_eq!(
+            q.settle(&p, std::slice::from_ref(&c), now),
+            Settled::Retrying
+        );
         let mut waits = Vec::new();
         loop {
             let due = q.next_retry().unwrap();

@@ -188,7 +188,11 @@ mod tests {
         assert_eq!(render_root(&with_mode, &RootQuery::default()).body, "ok");
         with_mode[1].result = Err("stalled".to_owned());
         let failed = render_root(&with_mode, &RootQuery::default());
-        assert!(failed.body.contains("info: pleg: mode ebpf\n"), "{}", failed.body);
+        assert!(
+            failed.body.contains("info: pleg: mode ebpf\n"),
+            "{}",
+            failed.body
+        );
     }
 
     #[test]

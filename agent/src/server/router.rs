@@ -95,10 +95,7 @@ impl Router {
                 }
                 Err(error) => {
                     tracing::error!(%error, "rendering metrics");
-                    text(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("{error}\n"),
-                    )
+                    text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"))
                 }
             },
             Route::Healthz => {

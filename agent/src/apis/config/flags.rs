@@ -189,7 +189,10 @@ impl Flags {
         );
         set(&mut raw.run_once, self.runonce.as_ref());
         set(&mut raw.pleg_mode, self.pleg_mode.as_ref());
-        set(&mut raw.pleg_relist_period, self.pleg_relist_period.as_ref());
+        set(
+            &mut raw.pleg_relist_period,
+            self.pleg_relist_period.as_ref(),
+        );
     }
 }
 

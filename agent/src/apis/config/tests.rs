@@ -429,11 +429,8 @@ fn pleg_mode_and_period_from_file_and_flags() {
         Some(Duration::from_secs(2))
     );
 
-    let (config, _) = load_with_file(
-        &yaml,
-        &["--pleg-mode=ebpf", "--pleg-relist-period", "10m"],
-    )
-    .expect("flags override");
+    let (config, _) = load_with_file(&yaml, &["--pleg-mode=ebpf", "--pleg-relist-period", "10m"])
+        .expect("flags override");
     assert_eq!(config.kubelet.pleg_mode, PlegModeSetting::Ebpf);
     assert_eq!(
         config.kubelet.pleg_relist_period,

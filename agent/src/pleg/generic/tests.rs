@@ -1,3 +1,6 @@
+// Counts and gauges are small integers, exact in f64.
+#![allow(clippy::float_cmp)]
+
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
@@ -534,7 +537,11 @@ async fn start_ebpf(pods: Vec<RunningPod>) -> EbpfPleg {
     );
     tokio::spawn(pleg.run());
     settle().await;
-    assert_eq!(runtime.take_list_calls(), 1, "the first full relist runs at once");
+    assert_eq!(
+        runtime.take_list_calls(),
+        1,
+        "the first full relist runs at once"
+    );
     runtime.take_status_calls();
     drain(&mut events);
     EbpfPleg {
@@ -575,7 +582,11 @@ fn running_p() -> Vec<RunningPod> {
 }
 
 fn exited_p() -> Vec<RunningPod> {
-    vec![pod("p", SandboxState::Ready, &[("c1", ContainerState::Exited)])]
+    vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Exited)],
+    )]
 }
 
 #[tokio::test(start_paused = true)]
@@ -584,7 +595,10 @@ async fn ebpf_mode_is_reported_and_relists_at_the_safety_period() {
     assert_eq!(t.handle.mode(), PlegMode::Ebpf);
     assert!(t.handle.healthy().is_ok());
     assert_eq!(metric(&t.metrics, "ringlet_pleg_mode{mode=\"ebpf\"}"), 1.0);
-    assert_eq!(metric(&t.metrics, "ringlet_pleg_mode{mode=\"relist\"}"), 0.0);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_mode{mode=\"relist\"}"),
+        0.0
+    );
     assert_eq!(metric(&t.metrics, "kubelet_running_pods"), 1.0);
     assert_eq!(
         metric(
@@ -692,15 +706,17 @@ async fn a_burst_of_hints_for_one_pod_coalesces() {
 async fn runtime_lag_is_retried_with_back_off() {
     let mut t = start_ebpf(running_p()).await;
     t.runtime.set_pods(exited_p());
-    t.runtime
-        .stale_status
-        .lock()
-        .unwrap()
-        .insert(PodUid::from("p"), VecDeque::from([running_p()[0].clone(), running_p()[0].clone()]));
+    t.runtime.stale_status.lock().unwrap().insert(
+        PodUid::from("p"),
+        VecDeque::from([running_p()[0].clone(), running_p()[0].clone()]),
+    );
     t.hints.send(died("p", "c1")).await.unwrap();
     settle().await;
     assert_eq!(t.runtime.take_status_calls().len(), 1);
-    assert!(drain(&mut t.events).is_empty(), "the runtime still says running");
+    assert!(
+        drain(&mut t.events).is_empty(),
+        "the runtime still says running"
+    );
 
     tokio::time::advance(Duration::from_millis(1)).await;
     settle().await;
@@ -709,14 +725,23 @@ async fn runtime_lag_is_retried_with_back_off() {
 
     tokio::time::advance(Duration::from_millis(1)).await;
     settle().await;
-    assert!(t.runtime.take_status_calls().is_empty(), "the second wait is 2 ms");
+    assert!(
+        t.runtime.take_status_calls().is_empty(),
+        "the second wait is 2 ms"
+    );
     tokio::time::advance(Duration::from_millis(1)).await;
     settle().await;
     assert_eq!(t.runtime.take_status_calls().len(), 1);
     assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
-    assert_eq!(metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"), 1.0);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"),
+        1.0
+    );
     assert!((metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_sum") - 0.003).abs() < 1e-9);
-    assert_eq!(metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"), 1.0);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"),
+        1.0
+    );
     assert_eq!(t.runtime.take_list_calls(), 0);
 
     // Nothing more is pending.
@@ -740,7 +765,10 @@ async fn a_runtime_that_never_catches_up_is_left_to_the_safety_relist() {
         "the first read and ten retries"
     );
     assert!(drain(&mut t.events).is_empty());
-    assert_eq!(metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"), 0.0);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"),
+        0.0
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -767,7 +795,10 @@ async fn hint_for_an_unknown_pod_relists_everything() {
         vec![PodUid::from("new")],
         "the full relist reads the new pod; no targeted relist follows"
     );
-    assert_eq!(drain(&mut t.events), vec![event("new", ContainerStarted, "sb-new")]);
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("new", ContainerStarted, "sb-new")]
+    );
     assert_eq!(
         metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"),
         1.0,
@@ -836,7 +867,10 @@ async fn a_closed_hint_source_falls_back_to_relist_mode() {
     drop(t.hints);
     settle().await;
     assert_eq!(t.handle.mode(), PlegMode::Relist);
-    assert_eq!(metric(&t.metrics, "ringlet_pleg_mode{mode=\"relist\"}"), 1.0);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_mode{mode=\"relist\"}"),
+        1.0
+    );
     assert_eq!(t.runtime.take_list_calls(), 1, "relists at once");
     tokio::time::advance(Duration::from_secs(1)).await;
     settle().await;
