@@ -271,8 +271,9 @@ impl Metrics {
             runtime_lag: histogram(
                 r,
                 "ringlet_pleg_runtime_lag_seconds",
-                "Seconds the container runtime kept reporting a container running after the \
-                 kernel reported its exit (only lagging exits are observed).",
+                "Seconds the container runtime trailed the kernel: from a targeted relist that \
+                 still missed a container start or exit the kernel reported to the one that \
+                 showed it (only lagging reads are observed).",
                 LATENCY_BUCKETS,
             )?,
             hints: int_counter_vec(

@@ -19,8 +19,8 @@ use super::health::Shared;
 use super::latency::LatencyTracker;
 use super::queue::{HintQueue, Settled};
 use super::{
-    DEFAULT_RELIST_PERIOD, EVENT_CHANNEL_CAPACITY, Hint, PlegError, PlegHandle, PlegMode,
-    PodLifecycleEvent, PodLifecycleEventKind,
+    DEFAULT_RELIST_PERIOD, EVENT_CHANNEL_CAPACITY, Hint, HintKind, PlegError, PlegHandle, PlegMode,
+    PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
 };
 use crate::container::{
     ContainerId, ContainerState, PodCache, PodStatus, PodUid, RunningContainer, RunningPod,
@@ -116,7 +116,8 @@ impl GenericPleg {
             metrics: options.metrics,
             latency: options.latency,
         };
-        (pleg, PlegHandle::new(shared), receiver)
+        let threshold = RELIST_THRESHOLD.max(pleg.relist_period * 2);
+        (pleg, PlegHandle::new(shared, threshold), receiver)
     }
 
     /// Relists everything at once and then `relist_period` after each full relist finished; in
@@ -301,8 +302,8 @@ impl GenericPleg {
 
     /// Re-reads one pod a hint named, diffs it against its record and emits the events and the cache
     /// update; a pod without a record is unknown, so a full relist is requested instead. While the
-    /// runtime still reports running a container the kernel saw exit, the read is retried with a
-    /// short back-off.
+    /// runtime still reports running a container the kernel saw exit (or not yet running one the
+    /// kernel saw start), the read is retried with a short back-off.
     async fn targeted_relist(&mut self, uid: &PodUid) {
         let Some((name, namespace)) = self
             .records
@@ -310,8 +311,13 @@ impl GenericPleg {
             .and_then(|record| record.old.as_ref().or(record.current.as_ref()))
             .map(|pod| (pod.name.clone(), pod.namespace.clone()))
         else {
-            tracing::debug!(pod = %uid, "hint for a pod the pleg does not know, relisting everything");
-            self.full_relist_requested = true;
+            if self.queue.only_removals(uid) {
+                // Removed cgroups of a pod without a record (already gone) cannot produce events.
+                self.queue.forget(uid);
+            } else {
+                tracing::debug!(pod = %uid, "hint for a pod the pleg does not know, relisting everything");
+                self.full_relist_requested = true;
+            }
             return;
         };
         let start = Instant::now();
@@ -338,12 +344,13 @@ impl GenericPleg {
         let current = running_pod_from_status(&status);
         let current =
             (!current.sandboxes.is_empty() || !current.containers.is_empty()).then_some(current);
-        let running = states(current.as_ref());
+        let seen = states(current.as_ref());
         let lagging: Vec<ContainerId> = self
             .queue
-            .died_containers(uid)
+            .expected_changes(uid)
             .into_iter()
-            .filter(|c| running.get(c) == Some(&PlegState::Running))
+            .filter(|(kind, c)| runtime_lags(*kind, seen.get(c).copied()))
+            .map(|(_, c)| c)
             .collect();
 
         let changed = self.cache.get(uid).is_none_or(|cached| *cached != status);
@@ -378,7 +385,7 @@ impl GenericPleg {
             Settled::Done { lag: None } | Settled::Retrying => {}
             Settled::GaveUp { waited } => {
                 tracing::warn!(pod = %uid, containers = ?lagging, ?waited,
-                "the runtime still reports containers running that the kernel saw exit; leaving them to the next full relist");
+                "the runtime still misses container starts or exits the kernel reported; leaving them to the next full relist");
             }
         }
         self.update_running_metrics();
@@ -523,6 +530,16 @@ pub fn running_pod_from_status(status: &PodStatus) -> RunningPod {
                 created_at: c.created_at,
             })
             .collect(),
+    }
+}
+
+/// Whether a read that shows a container in `state` (`None`: not at all) has not caught up with a
+/// hint of `kind` about it yet: an exit while it still runs, a start before it runs (or ran).
+fn runtime_lags(kind: HintKind, state: Option<PlegState>) -> bool {
+    match kind {
+        HintKind::Died => state == Some(PlegState::Running),
+        HintKind::Started => !matches!(state, Some(PlegState::Running | PlegState::Exited)),
+        HintKind::CgroupCreated | HintKind::CgroupRemoved | HintKind::OomKilled => false,
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{PlegMode, RELIST_THRESHOLD};
+use super::PlegMode;
 
 pub(super) struct Shared {
     last_relist: Mutex<Option<Instant>>,
@@ -68,11 +68,8 @@ pub struct PlegHandle {
 }
 
 impl PlegHandle {
-    pub(super) fn new(shared: Arc<Shared>) -> Self {
-        Self {
-            shared,
-            threshold: RELIST_THRESHOLD,
-        }
+    pub(super) fn new(shared: Arc<Shared>, threshold: Duration) -> Self {
+        Self { shared, threshold }
     }
 
     /// `Ok` when a relist succeeded within the threshold, otherwise why the PLEG is unhealthy.

@@ -66,7 +66,8 @@ impl std::fmt::Display for PlegMode {
 }
 
 /// How long the PLEG may go without a successful relist (full or targeted) before it is unhealthy,
-/// in both modes.
+/// in both modes; a relist period longer than half of it raises the threshold to twice the period,
+/// so an idle node with a long safety period stays healthy.
 pub const RELIST_THRESHOLD: Duration = Duration::from_mins(3);
 
 /// What happened to a container (or sandbox) of a pod.

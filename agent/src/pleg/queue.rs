@@ -1,6 +1,7 @@
 //! The ebpf-mode PLEG's per-pod hint bookkeeping (ringlet's own): which pods wait for a targeted
 //! relist, the kernel times of the facts not yet reflected in an event, and the bounded back-off of
-//! pods whose runtime still reports a container running after the kernel saw it exit.
+//! pods whose runtime has not caught up with the kernel yet (still reports running a container the
+//! kernel saw exit, or not yet running one the kernel saw start).
 //!
 //! Hints for a pod that is already queued merge into its entry, so a burst of hints costs one relist,
 //! plus at most one more for hints that arrived while that relist ran.
@@ -21,13 +22,13 @@ fn lag_retry_delay(attempt: u32) -> Duration {
     Duration::from_millis(1 << attempt.min(MAX_LAG_RETRIES))
 }
 
-/// A pod whose runtime lags behind a kernel-reported exit.
+/// A pod whose runtime lags behind a kernel-reported start or exit.
 #[derive(Debug)]
 struct Retry {
     /// Retries done so far.
     attempt: u32,
     due: Instant,
-    /// When a read first still saw the exited container running.
+    /// When a read first still missed the reported change.
     since: Instant,
 }
 
@@ -42,11 +43,12 @@ struct PendingPod {
 /// What a targeted relist's read meant for the pod's lag back-off.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Settled {
-    /// Every reported exit is visible in the runtime; `lag` is how long the runtime trailed, if it did.
+    /// Every reported start and exit is visible in the runtime; `lag` is how long the runtime
+    /// trailed, if it did.
     Done { lag: Option<Duration> },
-    /// The runtime still reports an exited container running; retried at the given time.
+    /// The runtime still misses a reported start or exit; the pod is read again after a back-off.
     Retrying,
-    /// The runtime kept reporting it running past the retry budget; the safety relist will see it.
+    /// The runtime kept missing it past the retry budget; the safety relist will see it.
     GaveUp { waited: Duration },
 }
 
@@ -107,14 +109,25 @@ impl HintQueue {
         }
     }
 
-    /// Containers a `Died` hint named for `pod`.
-    pub(super) fn died_containers(&self, pod: &PodUid) -> Vec<ContainerId> {
+    /// The containers a `Started` or `Died` hint named for `pod`, with the hint's kind: what a read
+    /// of the pod must show for the runtime to have caught up.
+    pub(super) fn expected_changes(&self, pod: &PodUid) -> Vec<(HintKind, ContainerId)> {
         self.pods.get(pod).map_or_else(Vec::new, |p| {
             p.facts
                 .keys()
-                .filter(|(kind, _)| *kind == HintKind::Died)
-                .filter_map(|(_, container)| container.clone())
+                .filter(|(kind, _)| matches!(kind, HintKind::Started | HintKind::Died))
+                .filter_map(|(kind, container)| Some((*kind, container.clone()?)))
                 .collect()
+        })
+    }
+
+    /// Whether every hint for `pod` reported a removed cgroup: for a pod the PLEG does not know,
+    /// there is nothing left to find.
+    pub(super) fn only_removals(&self, pod: &PodUid) -> bool {
+        self.pods.get(pod).is_some_and(|p| {
+            p.facts
+                .keys()
+                .all(|(kind, _)| *kind == HintKind::CgroupRemoved)
         })
     }
 
@@ -153,8 +166,8 @@ impl HintQueue {
             .or_else(|| earliest(&|_, c| c.is_none()))
     }
 
-    /// After a targeted relist of `pod` read at `now`: `lagging` are the containers a `Died` hint
-    /// named that the runtime still reports running. Clears what the read settled and schedules or
+    /// After a targeted relist of `pod` read at `now`: `lagging` are the containers whose reported
+    /// start or exit the runtime does not show yet. Clears what the read settled and schedules or
     /// advances the lag back-off.
     pub(super) fn settle(
         &mut self,
@@ -173,7 +186,8 @@ impl HintQueue {
             return Settled::Done { lag };
         }
         entry.facts.retain(|(kind, container), _| {
-            *kind == HintKind::Died && container.as_ref().is_some_and(|c| lagging.contains(c))
+            matches!(kind, HintKind::Started | HintKind::Died)
+                && container.as_ref().is_some_and(|c| lagging.contains(c))
         });
         match &mut entry.retry {
             None => {

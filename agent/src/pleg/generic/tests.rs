@@ -519,6 +519,10 @@ struct EbpfPleg {
 /// An ebpf-mode PLEG over `pods`, running, past its first full relist, with the call counters and
 /// events of that relist cleared.
 async fn start_ebpf(pods: Vec<RunningPod>) -> EbpfPleg {
+    start_ebpf_with_period(pods, None).await
+}
+
+async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>) -> EbpfPleg {
     let runtime = Arc::new(FakeRuntime::default());
     runtime.set_pods(pods);
     let cache = Arc::new(PodCache::new());
@@ -529,7 +533,7 @@ async fn start_ebpf(pods: Vec<RunningPod>) -> EbpfPleg {
         Arc::clone(&runtime) as Arc<dyn Runtime>,
         Arc::clone(&cache),
         PlegOptions {
-            relist_period: None,
+            relist_period: period,
             hints: Some(hint_rx),
             metrics: metrics.clone(),
             latency: latency.clone(),
@@ -893,4 +897,78 @@ async fn relist_mode_observes_relist_metrics() {
         1.0
     );
     assert!(metric(&pleg.metrics, "kubelet_pleg_last_seen_seconds") > 1.0e9);
+}
+
+fn pod_hint(pod: &str, kind: HintKind, container: &str) -> Hint {
+    Hint::Pod(PodHint {
+        pod: PodUid::from(pod),
+        kind,
+        container: Some(ContainerId::from(container)),
+        exit_code: None,
+        signal: None,
+        kernel_time_ns: crate::pleg::monotonic_now_ns(),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_the_runtime_has_not_recorded_yet_is_retried() {
+    let mut t = start_ebpf(vec![pod("p", SandboxState::Ready, &[])]).await;
+    t.runtime.set_pods(running_p());
+    t.runtime.stale_status.lock().unwrap().insert(
+        PodUid::from("p"),
+        VecDeque::from([pod(
+            "p",
+            SandboxState::Ready,
+            &[("c1", ContainerState::Created)],
+        )]),
+    );
+    t.hints
+        .send(pod_hint("p", HintKind::Started, "c1"))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(
+        drain(&mut t.events),
+        vec![PodLifecycleEvent {
+            pod: PodUid::from("p"),
+            kind: PodLifecycleEventKind::PodSync,
+            container: None,
+        }],
+        "a created container changes the status but is no start"
+    );
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls().len(), 2);
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerStarted, "c1")]
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn removed_cgroups_of_an_unknown_pod_cost_nothing() {
+    let t = start_ebpf(running_p()).await;
+    t.hints
+        .send(pod_hint("gone", HintKind::CgroupRemoved, "c7"))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    assert!(t.runtime.take_status_calls().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_safety_period_keeps_an_idle_pleg_healthy() {
+    let t = start_ebpf_with_period(running_p(), Some(Duration::from_mins(10))).await;
+    tokio::time::advance(Duration::from_mins(9)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    assert!(t.handle.healthy().is_ok());
+    tokio::time::advance(Duration::from_mins(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1);
 }
