@@ -52,6 +52,25 @@ fn is_terminal_phase(phase: Option<&str>) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
 }
 
+/// What a changed pod status means for the metrics: kernel → status latency when a hint-driven PLEG
+/// event waits for it, and the kubelet's pod start duration the first time the pod is Running.
+fn status_stored(
+    metrics: &Metrics,
+    latency: &LatencyTracker,
+    pod: &Pod,
+    previous_phase: Option<&str>,
+    phase: Option<&str>,
+) {
+    latency.status_changed(&uid_of(pod));
+    let was_pending = matches!(previous_phase, None | Some("Pending"));
+    if was_pending
+        && phase == Some("Running")
+        && let Some(duration) = since_first_seen(pod, SystemTime::now())
+    {
+        metrics.observe_pod_start(duration);
+    }
+}
+
 /// How long ago the pod was first seen, from its `kubernetes.io/config.seen` annotation (the
 /// kubelet's `firstSeenTime`).
 fn since_first_seen(pod: &Pod, now: SystemTime) -> Option<Duration> {
@@ -80,17 +99,13 @@ impl KubeletSyncer {
         );
         let phase = api_status.phase.clone();
         if self.status.set_pod_status(pod, api_status) {
-            self.latency.status_changed(&uid);
-            // The kubelet's pod start duration: the first time a pod reaches Running.
-            let was_pending = previous
-                .as_ref()
-                .is_none_or(|p| matches!(p.phase.as_deref(), None | Some("Pending")));
-            if was_pending
-                && phase.as_deref() == Some("Running")
-                && let Some(duration) = since_first_seen(pod, SystemTime::now())
-            {
-                self.metrics.observe_pod_start(duration);
-            }
+            status_stored(
+                &self.metrics,
+                &self.latency,
+                pod,
+                previous.as_ref().and_then(|p| p.phase.as_deref()),
+                phase.as_deref(),
+            );
         }
         phase
     }
@@ -215,5 +230,68 @@ impl PodSyncer for KubeletSyncer {
             self.reasons.remove(&uid);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn seen_pod(seen: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                uid: Some("u".to_owned()),
+                annotations: Some(BTreeMap::from([(
+                    CONFIG_SEEN_ANNOTATION.to_owned(),
+                    seen.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    fn pod_start_count(metrics: &Metrics) -> String {
+        let text = metrics.render().unwrap();
+        text.lines()
+            .find(|l| l.starts_with("kubelet_pod_start_duration_seconds_count"))
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn first_seen_comes_from_the_config_seen_annotation() {
+        let pod = seen_pod("2026-01-01T00:00:00Z");
+        let now = UNIX_EPOCH + Duration::from_secs(1_767_225_607);
+        assert_eq!(since_first_seen(&pod, now), Some(Duration::from_secs(7)));
+        assert_eq!(since_first_seen(&seen_pod("yesterday"), now), None);
+        assert_eq!(since_first_seen(&Pod::default(), now), None);
+    }
+
+    #[test]
+    fn pod_start_is_observed_when_a_pending_pod_first_runs() {
+        let metrics = Metrics::new().unwrap();
+        let latency = LatencyTracker::new(metrics.clone());
+        let pod = seen_pod("2026-01-01T00:00:00Z");
+        status_stored(&metrics, &latency, &pod, Some("Pending"), Some("Pending"));
+        assert_eq!(
+            pod_start_count(&metrics),
+            "kubelet_pod_start_duration_seconds_count 0"
+        );
+        status_stored(&metrics, &latency, &pod, Some("Pending"), Some("Running"));
+        assert_eq!(
+            pod_start_count(&metrics),
+            "kubelet_pod_start_duration_seconds_count 1"
+        );
+        status_stored(&metrics, &latency, &pod, Some("Running"), Some("Running"));
+        status_stored(&metrics, &latency, &pod, Some("Failed"), Some("Running"));
+        assert_eq!(
+            pod_start_count(&metrics),
+            "kubelet_pod_start_duration_seconds_count 1"
+        );
     }
 }
