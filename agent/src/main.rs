@@ -105,6 +105,11 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         recorder.clone(),
     );
     let metrics = Metrics::new().context("cannot set up the metrics")?;
+    if kc.pleg_mode == config::PlegModeSetting::Ebpf {
+        tracing::warn!(
+            "--pleg-mode=ebpf: the eBPF hint source is not built in yet, running the relist PLEG"
+        );
+    }
     let kubelet = Kubelet::new(
         KubeletSettings {
             node_name: config.node_name.clone(),
