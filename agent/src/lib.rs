@@ -10,6 +10,7 @@ pub mod event_stream;
 pub mod events;
 pub mod kubelet;
 pub mod kuberuntime;
+pub mod metrics;
 pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;

@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -17,15 +16,13 @@ use ringlet::container::Runtime;
 use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
+use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server;
 use tokio::sync::watch;
 
 /// Where container logs go, as with the kubelet (`/var/log/pods/<ns>_<name>_<uid>/…`).
 const POD_LOG_ROOT: &str = "/var/log/pods";
-
-/// The relist PLEG's period (the kubelet's 1 s).
-const RELIST_PERIOD: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     // `ringlet events` inspects a running agent: none of the agent's flags or config apply.
@@ -121,6 +118,12 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         },
         recorder.clone(),
     );
+    let metrics = Metrics::new().context("cannot set up the metrics")?;
+    if kc.pleg_mode == config::PlegModeSetting::Ebpf {
+        tracing::warn!(
+            "--pleg-mode=ebpf: the eBPF hint source is not built in yet, running the relist PLEG"
+        );
+    }
     let kubelet = Kubelet::new(
         KubeletSettings {
             node_name: config.node_name.clone(),
@@ -130,11 +133,14 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             max_dead_containers_per_container: config
                 .max_dead_containers_per_container
                 .unwrap_or(usize::MAX),
-            relist_period: RELIST_PERIOD,
+            pleg_relist_period: kc.pleg_relist_period,
         },
         runtime,
         pod_cgroups,
         recorder,
+        // The eBPF hint source is not wired yet: every --pleg-mode runs the relist PLEG for now.
+        None,
+        metrics,
     );
 
     if config.runonce {

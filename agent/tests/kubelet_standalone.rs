@@ -19,6 +19,7 @@ use ringlet::container::Runtime;
 use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
+use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server::{self, ServerHost};
 use ringlet_proto::runtime::v1 as cri;
@@ -114,11 +115,13 @@ impl Agent {
                 sync_frequency: Duration::from_secs(10),
                 max_pods: 110,
                 max_dead_containers_per_container: 1,
-                relist_period: Duration::from_millis(100),
+                pleg_relist_period: Some(Duration::from_millis(100)),
             },
             runtime,
             pod_cgroups,
             recorder,
+            None,
+            Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
         );
         let host: Arc<dyn ServerHost> = kubelet.server_host();
         before_run(&fake);

@@ -106,9 +106,8 @@ impl PodStatus {
         self.containers.iter().find(|c| c.name == name)
     }
 
-    /// The live part of the pod in the shape `Runtime::kill_pod` takes: ready sandboxes and
-    /// containers that have not exited (stopping stopped objects again would only cost CRI calls).
-    pub fn live_part(&self) -> RunningPod {
+    /// The runtime view of every sandbox and container of the pod (what a targeted relist diffs).
+    pub fn to_running_pod(&self) -> RunningPod {
         RunningPod {
             uid: self.uid.clone(),
             name: self.name.clone(),
@@ -116,7 +115,6 @@ impl PodStatus {
             sandboxes: self
                 .sandboxes
                 .iter()
-                .filter(|s| s.state == SandboxState::Ready)
                 .map(|s| RunningSandbox {
                     id: s.id.clone(),
                     state: s.state,
@@ -126,7 +124,6 @@ impl PodStatus {
             containers: self
                 .containers
                 .iter()
-                .filter(|c| c.state != ContainerState::Exited)
                 .map(|c| RunningContainer {
                     id: c.id.clone(),
                     name: c.name.clone(),
@@ -136,6 +133,17 @@ impl PodStatus {
                 })
                 .collect(),
         }
+    }
+
+    /// The live part of the pod in the shape `Runtime::kill_pod` takes: ready sandboxes and
+    /// containers that have not exited (stopping stopped objects again would only cost CRI calls).
+    pub fn live_part(&self) -> RunningPod {
+        let mut running = self.to_running_pod();
+        running.sandboxes.retain(|s| s.state == SandboxState::Ready);
+        running
+            .containers
+            .retain(|c| c.state != ContainerState::Exited);
+        running
     }
 
     /// Whether any container of the pod is running.

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::cm::PodContainerManager;
 use crate::container::{PodUid, Runtime};
+use crate::pleg::LatencyTracker;
 use crate::pod_workers::PodWorkers;
 use crate::status::StatusManager;
 
@@ -50,7 +51,13 @@ impl Housekeeping {
         self.gc_requested = true;
     }
 
-    pub async fn run(&mut self, pods: &PodManager, workers: &PodWorkers, status: &StatusManager) {
+    pub async fn run(
+        &mut self,
+        pods: &PodManager,
+        workers: &PodWorkers,
+        status: &StatusManager,
+        latency: &LatencyTracker,
+    ) {
         let desired = pods.uids();
         if !workers.forget_finished(&desired).is_empty() {
             // A pod finished terminating: its dead containers and sandbox can go now.
@@ -59,6 +66,7 @@ impl Housekeeping {
         let known = workers.known_pods();
         let keep: HashSet<PodUid> = desired.union(&known).cloned().collect();
         status.remove_orphans(&keep);
+        latency.retain(&keep);
 
         let running = match self.runtime.get_pods(false).await {
             Ok(running) => running,

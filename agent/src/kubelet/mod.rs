@@ -22,7 +22,11 @@ use tokio::time::MissedTickBehavior;
 use crate::cm::PodContainerManager;
 use crate::container::{PodCache, Runtime};
 use crate::events::{EventType, Recorder};
-use crate::pleg::{GenericPleg, PlegHandle, PodLifecycleEvent, PodLifecycleEventKind};
+use crate::metrics::Metrics;
+use crate::pleg::{
+    GenericPleg, Hint, LatencyTracker, PlegHandle, PlegOptions, PodLifecycleEvent,
+    PodLifecycleEventKind,
+};
 use crate::pod_workers::{
     PodWorkers, SYNC_BACKOFF_PERIOD, UpdatePodOptions, UpdateType, WorkQueue,
 };
@@ -54,7 +58,9 @@ pub struct KubeletSettings {
     pub sync_frequency: Duration,
     pub max_pods: usize,
     pub max_dead_containers_per_container: usize,
-    pub relist_period: Duration,
+    /// The PLEG's full-relist period (`plegRelistPeriod`, a ringlet extension); `None` for the
+    /// mode's default: 1 s in relist mode, 60 s (the safety relist) in ebpf mode.
+    pub pleg_relist_period: Option<Duration>,
 }
 
 /// The assembled agent core.
@@ -72,21 +78,36 @@ pub struct Kubelet {
     recorder: Recorder,
     housekeeping: Housekeeping,
     syncer: Arc<KubeletSyncer>,
+    metrics: Metrics,
+    latency: LatencyTracker,
 }
 
 impl Kubelet {
+    /// Assembles the agent core. `pleg_hints` is the receiving end of the eBPF hint source: with it
+    /// the PLEG runs in ebpf mode (targeted relists, slow safety relist), without it in relist mode.
+    /// `metrics` is shared with whoever else reports into it (the eBPF reader) and is served on
+    /// `/metrics`.
     pub fn new(
         settings: KubeletSettings,
         runtime: Arc<dyn Runtime>,
         pod_cgroups: Arc<PodContainerManager>,
         recorder: Recorder,
+        pleg_hints: Option<mpsc::Receiver<Hint>>,
+        metrics: Metrics,
     ) -> Self {
         let cache = Arc::new(PodCache::new());
+        let latency = LatencyTracker::new(metrics.clone());
         let (pleg, pleg_handle, pleg_events) = GenericPleg::new(
             Arc::clone(&runtime),
             Arc::clone(&cache),
-            settings.relist_period,
+            PlegOptions {
+                relist_period: settings.pleg_relist_period,
+                hints: pleg_hints,
+                metrics: metrics.clone(),
+                latency: latency.clone(),
+            },
         );
+        tracing::info!(mode = %pleg_handle.mode(), "pleg mode");
         let status = StatusManager::new();
         let runtime_state = RuntimeState::new_unknown();
         let syncer = Arc::new(KubeletSyncer {
@@ -98,6 +119,8 @@ impl Kubelet {
             runtime_state: runtime_state.clone(),
             host_ip: node_ip().to_string(),
             pods_dir: settings.root_dir.join("pods"),
+            metrics: metrics.clone(),
+            latency: latency.clone(),
         });
         let queue = Arc::new(WorkQueue::default());
         let workers = PodWorkers::new(
@@ -126,6 +149,8 @@ impl Kubelet {
             recorder,
             housekeeping,
             syncer,
+            metrics,
+            latency,
         }
     }
 
@@ -137,6 +162,7 @@ impl Kubelet {
             runtime_state: self.runtime_state.clone(),
             pleg: self.pleg_handle.clone(),
             sync_loop_threshold: sync_loop_threshold(self.settings.sync_frequency),
+            metrics: self.metrics.clone(),
         })
     }
 
@@ -201,7 +227,9 @@ impl Kubelet {
                 }
                 _ = housekeeping_tick.tick() => {
                     if sources_ready.all_ready() {
-                        self.housekeeping.run(&self.pods, &self.workers, &self.status).await;
+                        self.housekeeping
+                            .run(&self.pods, &self.workers, &self.status, &self.latency)
+                            .await;
                     }
                 }
             }

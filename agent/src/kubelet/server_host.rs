@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::cm::PodContainerManager;
 use crate::container::PodUid;
 use crate::kuberuntime::RuntimeHelper;
+use crate::metrics::Metrics;
 use crate::pleg::PlegHandle;
 use crate::server::{HealthCheck, ServerHost};
 use crate::status::StatusManager;
@@ -35,6 +36,7 @@ pub struct KubeletServerHost {
     pub runtime_state: RuntimeState,
     pub pleg: PlegHandle,
     pub sync_loop_threshold: Duration,
+    pub metrics: Metrics,
 }
 
 impl ServerHost for KubeletServerHost {
@@ -47,18 +49,25 @@ impl ServerHost for KubeletServerHost {
             HealthCheck {
                 name: "ping",
                 result: Ok(()),
+                detail: None,
             },
             HealthCheck {
                 name: "syncloop",
                 result: self
                     .runtime_state
                     .sync_loop_healthy(self.sync_loop_threshold),
+                detail: None,
             },
             HealthCheck {
                 name: "pleg",
                 result: self.pleg.healthy(),
+                detail: Some(format!("mode {}", self.pleg.mode())),
             },
         ]
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 

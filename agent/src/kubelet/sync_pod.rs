@@ -3,14 +3,19 @@
 //! its cgroup exists, let the runtime move it one step towards its spec; stop it; release what it held.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{PodStatus, PodUid, Runtime};
 use crate::events::{EventType, Recorder};
+use crate::metrics::Metrics;
+use crate::pleg::LatencyTracker;
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
+use crate::podconfig::CONFIG_SEEN_ANNOTATION;
 use crate::status::{ReasonCache, StatusManager, generate_api_pod_status};
 use crate::volumes;
 
@@ -26,6 +31,9 @@ pub struct KubeletSyncer {
     pub runtime_state: RuntimeState,
     pub host_ip: String,
     pub pods_dir: std::path::PathBuf,
+    pub metrics: Metrics,
+    /// Observes kernel → status latency when a status changes after a hint-driven PLEG event.
+    pub latency: LatencyTracker,
 }
 
 fn pod_object(pod: &Pod) -> String {
@@ -44,6 +52,40 @@ fn is_terminal_phase(phase: Option<&str>) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
 }
 
+/// What a changed pod status means for the metrics: kernel → status latency when a hint-driven PLEG
+/// event waits for it, and the kubelet's pod start duration the first time the pod is Running.
+fn status_stored(
+    metrics: &Metrics,
+    latency: &LatencyTracker,
+    pod: &Pod,
+    previous_phase: Option<&str>,
+    phase: Option<&str>,
+) {
+    latency.status_changed(&uid_of(pod));
+    let was_pending = matches!(previous_phase, None | Some("Pending"));
+    if was_pending
+        && phase == Some("Running")
+        && let Some(duration) = since_first_seen(pod, SystemTime::now())
+    {
+        metrics.observe_pod_start(duration);
+    }
+}
+
+/// How long ago the pod was first seen, from its `kubernetes.io/config.seen` annotation (the
+/// kubelet's `firstSeenTime`).
+fn since_first_seen(pod: &Pod, now: SystemTime) -> Option<Duration> {
+    let seen: Timestamp = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(CONFIG_SEEN_ANNOTATION)?
+        .parse()
+        .ok()?;
+    let now = now.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+    let elapsed = i128::try_from(now).ok()? - seen.as_nanosecond();
+    u64::try_from(elapsed).ok().map(Duration::from_nanos)
+}
+
 impl KubeletSyncer {
     fn update_status(&self, pod: &Pod, runtime_status: &PodStatus) -> Option<String> {
         let uid = uid_of(pod);
@@ -56,7 +98,15 @@ impl KubeletSyncer {
             &self.host_ip,
         );
         let phase = api_status.phase.clone();
-        self.status.set_pod_status(pod, api_status);
+        if self.status.set_pod_status(pod, api_status) {
+            status_stored(
+                &self.metrics,
+                &self.latency,
+                pod,
+                previous.as_ref().and_then(|p| p.phase.as_deref()),
+                phase.as_deref(),
+            );
+        }
         phase
     }
 }
@@ -172,5 +222,68 @@ impl PodSyncer for KubeletSyncer {
             self.reasons.remove(&uid);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn seen_pod(seen: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                uid: Some("u".to_owned()),
+                annotations: Some(BTreeMap::from([(
+                    CONFIG_SEEN_ANNOTATION.to_owned(),
+                    seen.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    fn pod_start_count(metrics: &Metrics) -> String {
+        let text = metrics.render().unwrap();
+        text.lines()
+            .find(|l| l.starts_with("kubelet_pod_start_duration_seconds_count"))
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn first_seen_comes_from_the_config_seen_annotation() {
+        let pod = seen_pod("2026-01-01T00:00:00Z");
+        let now = UNIX_EPOCH + Duration::from_secs(1_767_225_607);
+        assert_eq!(since_first_seen(&pod, now), Some(Duration::from_secs(7)));
+        assert_eq!(since_first_seen(&seen_pod("yesterday"), now), None);
+        assert_eq!(since_first_seen(&Pod::default(), now), None);
+    }
+
+    #[test]
+    fn pod_start_is_observed_when_a_pending_pod_first_runs() {
+        let metrics = Metrics::new().unwrap();
+        let latency = LatencyTracker::new(metrics.clone());
+        let pod = seen_pod("2026-01-01T00:00:00Z");
+        status_stored(&metrics, &latency, &pod, Some("Pending"), Some("Pending"));
+        assert_eq!(
+            pod_start_count(&metrics),
+            "kubelet_pod_start_duration_seconds_count 0"
+        );
+        status_stored(&metrics, &latency, &pod, Some("Pending"), Some("Running"));
+        assert_eq!(
+            pod_start_count(&metrics),
+            "kubelet_pod_start_duration_seconds_count 1"
+        );
+        status_stored(&metrics, &latency, &pod, Some("Running"), Some("Running"));
+        status_stored(&metrics, &latency, &pod, Some("Failed"), Some("Running"));
+        assert_eq!(
+            pod_start_count(&metrics),
+            "kubelet_pod_start_duration_seconds_count 1"
+        );
     }
 }

@@ -2,25 +2,30 @@
 //! container's and sandbox's state against the previous listing, re-reads the full status of every pod
 //! that changed into the pod cache, and emits lifecycle events.
 //!
-//! Per-pod work goes through [`GenericPleg::process_pod`], which only needs the pod's record to hold
-//! the old and the current listing; a targeted relist of one pod (driven by an event hint) fills the
-//! current listing from that pod's status instead of a full `get_pods` and reuses the same step.
+//! In ebpf mode it also takes [`Hint`]s: each hint queues a targeted relist of its pod, which reads
+//! only that pod's status, diffs it against the pod's record and emits the events and the cache update
+//! the same way; a full relist then only runs as the safety net (every relist period, and at once on
+//! `Hint::Resync` or a hint for a pod it does not know). Hints never write the cache themselves.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::time::Instant;
 
 use super::health::Shared;
+use super::latency::LatencyTracker;
+use super::queue::{HintQueue, Settled};
 use super::{
-    EVENT_CHANNEL_CAPACITY, PlegError, PlegHandle, PodLifecycleEvent, PodLifecycleEventKind,
+    DEFAULT_RELIST_PERIOD, EVENT_CHANNEL_CAPACITY, Hint, HintKind, PlegError, PlegHandle, PlegMode,
+    PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
 };
 use crate::container::{
     ContainerId, ContainerState, PodCache, PodUid, RunningPod, Runtime, SandboxState,
 };
+use crate::metrics::{HintLabel, Metrics, RelistType};
 
 /// The PLEG's coarse view of a container or sandbox (the kubelet's `plegContainerState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,8 +44,27 @@ struct PodRecord {
     current: Option<RunningPod>,
 }
 
-/// The generic PLEG in relist mode. Create it with [`GenericPleg::new`] and drive it with
-/// [`GenericPleg::run`].
+/// How a [`GenericPleg`] runs besides its runtime and cache.
+pub struct PlegOptions {
+    /// The full-relist period; `None` for the mode's default (1 s in relist mode, 60 s as the
+    /// safety relist in ebpf mode).
+    pub relist_period: Option<Duration>,
+    /// The hint source; `Some` runs the PLEG in ebpf mode, `None` in relist mode.
+    pub hints: Option<mpsc::Receiver<Hint>>,
+    pub metrics: Metrics,
+    /// Where the PLEG leaves hint times for the kernel → status latency.
+    pub latency: LatencyTracker,
+}
+
+/// What the idle PLEG woke up for.
+enum Wake {
+    FullRelist,
+    Hint(Option<Hint>),
+    Retry,
+    EventsClosed,
+}
+
+/// The generic PLEG. Create it with [`GenericPleg::new`] and drive it with [`GenericPleg::run`].
 pub struct GenericPleg {
     runtime: Arc<dyn Runtime>,
     cache: Arc<PodCache>,
@@ -51,49 +75,169 @@ pub struct GenericPleg {
     /// Pods whose status could not be read last relist; retried on the next one.
     reinspect: HashSet<PodUid>,
     first_relist_done: bool,
+    hints: Option<mpsc::Receiver<Hint>>,
+    queue: HintQueue,
+    full_relist_requested: bool,
+    metrics: Metrics,
+    latency: LatencyTracker,
 }
 
 impl GenericPleg {
-    /// A relister over `runtime` writing into `cache`, its health handle, and the receiving end of its
+    /// A PLEG over `runtime` writing into `cache`, its health handle, and the receiving end of its
     /// event channel (capacity [`EVENT_CHANNEL_CAPACITY`]).
     pub fn new(
         runtime: Arc<dyn Runtime>,
         cache: Arc<PodCache>,
-        relist_period: Duration,
+        options: PlegOptions,
     ) -> (GenericPleg, PlegHandle, mpsc::Receiver<PodLifecycleEvent>) {
+        let mode = if options.hints.is_some() {
+            PlegMode::Ebpf
+        } else {
+            PlegMode::Relist
+        };
         let (events, receiver) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(mode));
+        options.metrics.set_pleg_mode(mode);
         let pleg = GenericPleg {
             runtime,
             cache,
-            relist_period,
+            relist_period: options
+                .relist_period
+                .unwrap_or_else(|| mode.default_relist_period()),
             events,
             shared: Arc::clone(&shared),
             records: HashMap::new(),
             reinspect: HashSet::new(),
             first_relist_done: false,
+            hints: options.hints,
+            queue: HintQueue::default(),
+            full_relist_requested: false,
+            metrics: options.metrics,
+            latency: options.latency,
         };
-        (pleg, PlegHandle::new(shared), receiver)
+        let threshold = RELIST_THRESHOLD.max(pleg.relist_period * 2);
+        (pleg, PlegHandle::new(shared, threshold), receiver)
     }
 
-    /// Relists at once and then `relist_period` after each relist finished, until the event receiver
-    /// is dropped.
+    /// Relists everything at once and then `relist_period` after each full relist finished; in
+    /// ebpf mode runs targeted relists for hints in between. Returns when the event receiver is
+    /// dropped.
     pub async fn run(mut self) {
+        let mut next_full = Instant::now();
         loop {
-            self.relist().await;
+            self.take_available_hints();
             if self.events.is_closed() {
                 tracing::info!("pleg event receiver dropped, stopping the relister");
                 return;
             }
-            tokio::time::sleep(self.relist_period).await;
+            let now = Instant::now();
+            self.queue.queue_due_retries(now);
+            if self.full_relist_requested || now >= next_full {
+                self.full_relist_requested = false;
+                self.relist().await;
+                self.queue.forget_settled();
+                next_full = Instant::now() + self.relist_period;
+                continue;
+            }
+            if let Some(uid) = self.queue.pop_ready() {
+                self.targeted_relist(&uid).await;
+                continue;
+            }
+            match self.wait(next_full).await {
+                Wake::FullRelist | Wake::Retry => {}
+                Wake::Hint(Some(hint)) => self.accept(hint),
+                Wake::Hint(None) => self.hint_source_closed(),
+                Wake::EventsClosed => {
+                    tracing::info!("pleg event receiver dropped, stopping the relister");
+                    return;
+                }
+            }
         }
+    }
+
+    /// Waits for the next full relist, hint or lag retry.
+    async fn wait(&mut self, next_full: Instant) -> Wake {
+        let retry = self.queue.next_retry();
+        let hints = &mut self.hints;
+        tokio::select! {
+            () = tokio::time::sleep_until(next_full) => Wake::FullRelist,
+            hint = async {
+                match hints {
+                    Some(hints) => hints.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => Wake::Hint(hint),
+            () = async {
+                match retry {
+                    Some(due) => tokio::time::sleep_until(due).await,
+                    None => std::future::pending().await,
+                }
+            } => Wake::Retry,
+            () = self.events.closed() => Wake::EventsClosed,
+        }
+    }
+
+    /// Moves every hint already waiting in the channel into the queue, so a burst coalesces.
+    fn take_available_hints(&mut self) {
+        loop {
+            let Some(hints) = self.hints.as_mut() else {
+                return;
+            };
+            match hints.try_recv() {
+                Ok(hint) => self.accept(hint),
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.hint_source_closed();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, hint: Hint) {
+        match hint {
+            Hint::Pod(hint) => {
+                self.metrics.inc_hint(HintLabel::Pod(hint.kind));
+                tracing::trace!(pod = %hint.pod, kind = ?hint.kind, container = ?hint.container, "pleg hint");
+                self.queue.push(hint);
+            }
+            Hint::Resync { reason } => {
+                self.metrics.inc_hint(HintLabel::Resync);
+                tracing::info!(%reason, "hint source asked for a full relist");
+                self.full_relist_requested = true;
+            }
+        }
+    }
+
+    /// Without hints the PLEG falls back to relist mode, at once, since changes may have been missed.
+    fn hint_source_closed(&mut self) {
+        self.hints = None;
+        self.relist_period = DEFAULT_RELIST_PERIOD;
+        self.full_relist_requested = true;
+        self.shared.set_mode(PlegMode::Relist);
+        self.metrics.set_pleg_mode(PlegMode::Relist);
+        tracing::warn!(
+            period = ?self.relist_period,
+            "the pleg hint source stopped; falling back to relist mode"
+        );
+    }
+
+    fn record_activity(&self, at: Instant) {
+        self.shared.record_relist(at);
+        self.metrics.set_pleg_last_seen_now();
     }
 
     /// One full relist. A failed listing leaves everything (including the health timestamp) as it
     /// was.
     async fn relist(&mut self) {
         let start = Instant::now();
-        let pods = match self.runtime.get_pods(true).await {
+        self.metrics.inc_relist(RelistType::Full);
+        if let Some(last) = self.shared.last_full_relist() {
+            self.metrics.observe_relist_interval(start - last);
+        }
+        let listed = self.runtime.get_pods(true).await;
+        self.metrics.observe_relist_duration(start.elapsed());
+        let pods = match listed {
             Ok(pods) => pods,
             Err(source) => {
                 let error = PlegError::ListPods { source };
@@ -101,7 +245,8 @@ impl GenericPleg {
                 return;
             }
         };
-        self.shared.record_relist(start);
+        self.record_activity(start);
+        self.shared.record_full_relist(start);
 
         for record in self.records.values_mut() {
             record.current = None;
@@ -151,6 +296,98 @@ impl GenericPleg {
         self.cache.update_time(start);
         self.reinspect = needs_reinspection;
         self.first_relist_done = true;
+        self.update_running_metrics();
+    }
+
+    /// Re-reads one pod a hint named, diffs it against its record and emits the events and the cache
+    /// update; a pod without a record is unknown, so a full relist is requested instead. While the
+    /// runtime still reports running a container the kernel saw exit (or not yet running one the
+    /// kernel saw start), the read is retried with a short back-off.
+    async fn targeted_relist(&mut self, uid: &PodUid) {
+        let Some((name, namespace)) = self
+            .records
+            .get(uid)
+            .and_then(|record| record.old.as_ref().or(record.current.as_ref()))
+            .map(|pod| (pod.name.clone(), pod.namespace.clone()))
+        else {
+            if self.queue.only_removals(uid) {
+                // Removed cgroups of a pod without a record (already gone) cannot produce events.
+                self.queue.forget(uid);
+            } else {
+                tracing::debug!(pod = %uid, "hint for a pod the pleg does not know, relisting everything");
+                self.full_relist_requested = true;
+            }
+            return;
+        };
+        let start = Instant::now();
+        self.metrics.inc_relist(RelistType::Targeted);
+        let status = match self.runtime.get_pod_status(uid, &name, &namespace).await {
+            Ok(status) => status,
+            Err(source) => {
+                let error = PlegError::InspectPod {
+                    uid: uid.clone(),
+                    name,
+                    namespace,
+                    source,
+                };
+                tracing::warn!(error = %error, cause = %source_of(&error),
+                    "targeted relist failed, re-inspecting next full relist");
+                self.reinspect.insert(uid.clone());
+                self.queue.forget(uid);
+                return;
+            }
+        };
+        self.record_activity(start);
+        self.reinspect.remove(uid);
+
+        let current = status.to_running_pod();
+        let current =
+            (!current.sandboxes.is_empty() || !current.containers.is_empty()).then_some(current);
+        let seen = states(current.as_ref());
+        let lagging: Vec<ContainerId> = self
+            .queue
+            .expected_changes(uid)
+            .into_iter()
+            .filter(|(kind, c)| runtime_lags(*kind, seen.get(c).copied()))
+            .map(|(_, c)| c)
+            .collect();
+
+        let changed = self.cache.get(uid).is_none_or(|cached| *cached != status);
+        let old = self.records.get(uid).and_then(|record| record.old.as_ref());
+        let events = compute_pod_events(uid, old, current.as_ref());
+        if let Some(current) = current {
+            self.cache.set(status, start);
+            let record = self.records.entry(uid.clone()).or_default();
+            record.old = Some(current);
+            record.current = None;
+        } else {
+            self.cache.delete(uid);
+            self.records.remove(uid);
+        }
+        let mut sent = 0;
+        for event in events {
+            if event.kind != PodLifecycleEventKind::ContainerChanged {
+                self.send(event);
+                sent += 1;
+            }
+        }
+        if sent == 0 && changed {
+            self.send(PodLifecycleEvent {
+                pod: uid.clone(),
+                kind: PodLifecycleEventKind::PodSync,
+                container: None,
+            });
+        }
+
+        match self.queue.settle(uid, &lagging, Instant::now()) {
+            Settled::Done { lag: Some(lag) } => self.metrics.observe_runtime_lag(lag),
+            Settled::Done { lag: None } | Settled::Retrying => {}
+            Settled::GaveUp { waited } => {
+                tracing::warn!(pod = %uid, containers = ?lagging, ?waited,
+                "the runtime still misses container starts or exits the kernel reported; leaving them to the next full relist");
+            }
+        }
+        self.update_running_metrics();
     }
 
     /// Diffs one pod's record; when anything changed (or `force`), reads the pod's status into the
@@ -222,15 +459,56 @@ impl GenericPleg {
         }
     }
 
+    /// `kubelet_running_pods` and `kubelet_running_containers` from the records.
+    fn update_running_metrics(&self) {
+        let pods = self.records.values().filter_map(|r| r.old.as_ref());
+        let mut sandboxes = 0;
+        let mut containers: HashMap<ContainerState, usize> = HashMap::new();
+        for pod in pods {
+            sandboxes += pod
+                .sandboxes
+                .iter()
+                .filter(|s| s.state == SandboxState::Ready)
+                .count();
+            for container in &pod.containers {
+                *containers.entry(container.state).or_default() += 1;
+            }
+        }
+        self.metrics.set_running(sandboxes, |state| {
+            containers.get(&state).copied().unwrap_or(0)
+        });
+    }
+
+    /// Sends an event; when a hint led to it, observes the kernel → event latency.
     fn send(&self, event: PodLifecycleEvent) {
+        let hint_time = self
+            .queue
+            .hint_time(&event.pod, event.kind, event.container.as_ref());
+        let pod = event.pod.clone();
         match self.events.try_send(event) {
-            Ok(()) | Err(TrySendError::Closed(_)) => {}
+            Ok(()) => {
+                if let Some(kernel_time_ns) = hint_time {
+                    self.latency.event_emitted(&pod, kernel_time_ns);
+                }
+            }
+            Err(TrySendError::Closed(_)) => {}
             Err(TrySendError::Full(event)) => {
                 self.shared.count_discarded_event();
+                self.metrics.inc_pleg_discard_events();
                 tracing::error!(pod = %event.pod, kind = ?event.kind,
                     "pleg event channel is full, discarding event");
             }
         }
+    }
+}
+
+/// Whether a read that shows a container in `state` (`None`: not at all) has not caught up with a
+/// hint of `kind` about it yet: an exit while it still runs, a start before it runs (or ran).
+fn runtime_lags(kind: HintKind, state: Option<PlegState>) -> bool {
+    match kind {
+        HintKind::Died => state == Some(PlegState::Running),
+        HintKind::Started => !matches!(state, Some(PlegState::Running | PlegState::Exited)),
+        HintKind::CgroupCreated | HintKind::CgroupRemoved | HintKind::OomKilled => false,
     }
 }
 
@@ -304,445 +582,4 @@ fn transition_events(before: PlegState, after: PlegState) -> &'static [PodLifecy
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-
-    use async_trait::async_trait;
-    use k8s_openapi::api::core::v1::Pod;
-
-    use super::*;
-    use crate::container::{
-        PodStatus, PodSyncResult, RunningContainer, RunningSandbox, RuntimeError, RuntimeStatus,
-        SandboxId,
-    };
-    use PodLifecycleEventKind::{ContainerDied, ContainerRemoved, ContainerStarted};
-
-    #[derive(Default)]
-    struct FakeRuntime {
-        pods: Mutex<Vec<RunningPod>>,
-        fail_list: Mutex<bool>,
-        fail_status: Mutex<HashSet<PodUid>>,
-        status_calls: Mutex<Vec<PodUid>>,
-    }
-
-    impl FakeRuntime {
-        fn set_pods(&self, pods: Vec<RunningPod>) {
-            *self.pods.lock().unwrap() = pods;
-        }
-
-        fn take_status_calls(&self) -> Vec<PodUid> {
-            std::mem::take(&mut *self.status_calls.lock().unwrap())
-        }
-    }
-
-    #[async_trait]
-    impl Runtime for FakeRuntime {
-        async fn version(&self) -> Result<String, RuntimeError> {
-            Ok("fake 0".to_owned())
-        }
-
-        async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
-            Ok(RuntimeStatus::default())
-        }
-
-        async fn get_pods(&self, all: bool) -> Result<Vec<RunningPod>, RuntimeError> {
-            assert!(all, "the relister must list exited containers too");
-            if *self.fail_list.lock().unwrap() {
-                return Err(RuntimeError::Other("list failed".to_owned()));
-            }
-            Ok(self.pods.lock().unwrap().clone())
-        }
-
-        async fn get_pod_status(
-            &self,
-            uid: &PodUid,
-            name: &str,
-            namespace: &str,
-        ) -> Result<PodStatus, RuntimeError> {
-            self.status_calls.lock().unwrap().push(uid.clone());
-            if self.fail_status.lock().unwrap().contains(uid) {
-                return Err(RuntimeError::Other("status failed".to_owned()));
-            }
-            let pods = self.pods.lock().unwrap();
-            let pod = pods.iter().find(|p| &p.uid == uid);
-            Ok(PodStatus {
-                uid: uid.clone(),
-                name: name.to_owned(),
-                namespace: namespace.to_owned(),
-                ips: vec![format!("10.0.0.{}", pod.map_or(0, |p| p.containers.len()))],
-                ..PodStatus::default()
-            })
-        }
-
-        async fn sync_pod(&self, _pod: &Pod, _status: &PodStatus) -> PodSyncResult {
-            PodSyncResult::default()
-        }
-
-        async fn kill_pod(
-            &self,
-            _pod: Option<&Pod>,
-            _running: &RunningPod,
-            _grace_period_override: Option<i64>,
-        ) -> Result<(), RuntimeError> {
-            Ok(())
-        }
-
-        async fn garbage_collect(
-            &self,
-            _max_per_pod_container: usize,
-            _active_pods: &HashSet<PodUid>,
-        ) -> Result<(), RuntimeError> {
-            Ok(())
-        }
-    }
-
-    fn pod(uid: &str, sandbox: SandboxState, containers: &[(&str, ContainerState)]) -> RunningPod {
-        RunningPod {
-            uid: PodUid::from(uid),
-            name: format!("{uid}-name"),
-            namespace: "default".to_owned(),
-            sandboxes: vec![RunningSandbox {
-                id: SandboxId::new(format!("sb-{uid}")),
-                state: sandbox,
-                created_at: 1,
-            }],
-            containers: containers
-                .iter()
-                .map(|(id, state)| RunningContainer {
-                    id: ContainerId::from(*id),
-                    name: format!("name-{id}"),
-                    state: *state,
-                    hash: String::new(),
-                    created_at: 2,
-                })
-                .collect(),
-        }
-    }
-
-    fn event(uid: &str, kind: PodLifecycleEventKind, id: &str) -> PodLifecycleEvent {
-        PodLifecycleEvent {
-            pod: PodUid::from(uid),
-            kind,
-            container: Some(ContainerId::from(id)),
-        }
-    }
-
-    fn drain(rx: &mut mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLifecycleEvent> {
-        let mut out = Vec::new();
-        while let Ok(e) = rx.try_recv() {
-            out.push(e);
-        }
-        out
-    }
-
-    fn setup() -> (
-        Arc<FakeRuntime>,
-        Arc<PodCache>,
-        GenericPleg,
-        PlegHandle,
-        mpsc::Receiver<PodLifecycleEvent>,
-    ) {
-        let runtime = Arc::new(FakeRuntime::default());
-        let cache = Arc::new(PodCache::new());
-        let (pleg, handle, rx) = GenericPleg::new(
-            Arc::clone(&runtime) as Arc<dyn Runtime>,
-            Arc::clone(&cache),
-            Duration::from_secs(1),
-        );
-        (runtime, cache, pleg, handle, rx)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn start_exit_and_remove_produce_events() {
-        let (runtime, _cache, mut pleg, _handle, mut rx) = setup();
-        pleg.relist().await;
-        assert!(drain(&mut rx).is_empty());
-
-        runtime.set_pods(vec![pod(
-            "p",
-            SandboxState::Ready,
-            &[("c1", ContainerState::Running)],
-        )]);
-        pleg.relist().await;
-        assert_eq!(
-            drain(&mut rx),
-            vec![
-                event("p", ContainerStarted, "c1"),
-                event("p", ContainerStarted, "sb-p")
-            ]
-        );
-
-        pleg.relist().await;
-        assert!(drain(&mut rx).is_empty(), "nothing changed");
-
-        runtime.set_pods(vec![pod(
-            "p",
-            SandboxState::Ready,
-            &[("c1", ContainerState::Exited)],
-        )]);
-        pleg.relist().await;
-        assert_eq!(drain(&mut rx), vec![event("p", ContainerDied, "c1")]);
-
-        runtime.set_pods(vec![pod("p", SandboxState::Ready, &[])]);
-        pleg.relist().await;
-        assert_eq!(drain(&mut rx), vec![event("p", ContainerRemoved, "c1")]);
-
-        runtime.set_pods(vec![]);
-        pleg.relist().await;
-        assert_eq!(
-            drain(&mut rx),
-            vec![
-                event("p", ContainerDied, "sb-p"),
-                event("p", ContainerRemoved, "sb-p")
-            ]
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn short_lived_and_created_containers() {
-        let (runtime, _cache, mut pleg, _handle, mut rx) = setup();
-        pleg.relist().await;
-        runtime.set_pods(vec![pod(
-            "p",
-            SandboxState::Ready,
-            &[
-                ("quick", ContainerState::Exited),
-                ("new", ContainerState::Created),
-            ],
-        )]);
-        pleg.relist().await;
-        assert_eq!(
-            drain(&mut rx),
-            vec![
-                event("p", ContainerStarted, "quick"),
-                event("p", ContainerDied, "quick"),
-                event("p", ContainerStarted, "sb-p"),
-            ],
-            "a created container is a ContainerChanged, which is never sent"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn sandbox_transitions_count_as_containers() {
-        let (runtime, _cache, mut pleg, _handle, mut rx) = setup();
-        runtime.set_pods(vec![pod("p", SandboxState::Ready, &[])]);
-        pleg.relist().await;
-        assert_eq!(drain(&mut rx), vec![event("p", ContainerStarted, "sb-p")]);
-        runtime.set_pods(vec![pod("p", SandboxState::NotReady, &[])]);
-        pleg.relist().await;
-        assert_eq!(drain(&mut rx), vec![event("p", ContainerDied, "sb-p")]);
-        runtime.set_pods(vec![]);
-        pleg.relist().await;
-        assert_eq!(drain(&mut rx), vec![event("p", ContainerRemoved, "sb-p")]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn cache_is_filled_and_timestamped() {
-        let (runtime, cache, mut pleg, _handle, _rx) = setup();
-        runtime.set_pods(vec![
-            pod("a", SandboxState::Ready, &[("c1", ContainerState::Running)]),
-            pod("b", SandboxState::NotReady, &[]),
-        ]);
-        let before = Instant::now();
-        tokio::time::advance(Duration::from_millis(10)).await;
-        pleg.relist().await;
-        let mut calls = runtime.take_status_calls();
-        calls.sort();
-        assert_eq!(calls, vec![PodUid::from("a"), PodUid::from("b")]);
-        let a = cache.get(&PodUid::from("a")).unwrap();
-        assert_eq!(a.name, "a-name");
-        assert_eq!(a.ips, vec!["10.0.0.1".to_owned()]);
-        let fresh = tokio::time::timeout(
-            Duration::from_millis(1),
-            cache.get_newer_than(&PodUid::from("unknown"), Some(before)),
-        )
-        .await;
-        assert!(fresh.is_ok(), "update_time must mark the cache fresh");
-
-        // Unchanged pods are not inspected again; a changed one is.
-        pleg.relist().await;
-        assert!(runtime.take_status_calls().is_empty());
-        runtime.set_pods(vec![
-            pod(
-                "a",
-                SandboxState::Ready,
-                &[
-                    ("c1", ContainerState::Running),
-                    ("c2", ContainerState::Running),
-                ],
-            ),
-            pod("b", SandboxState::NotReady, &[]),
-        ]);
-        pleg.relist().await;
-        assert_eq!(runtime.take_status_calls(), vec![PodUid::from("a")]);
-        assert_eq!(
-            cache.get(&PodUid::from("a")).unwrap().ips,
-            vec!["10.0.0.2".to_owned()]
-        );
-
-        runtime.set_pods(vec![pod("b", SandboxState::NotReady, &[])]);
-        pleg.relist().await;
-        assert!(
-            cache.get(&PodUid::from("a")).is_none(),
-            "a vanished pod leaves the cache"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn failed_status_is_reinspected_next_relist() {
-        let (runtime, cache, mut pleg, _handle, mut rx) = setup();
-        pleg.relist().await;
-        runtime.set_pods(vec![pod(
-            "p",
-            SandboxState::Ready,
-            &[("c1", ContainerState::Running)],
-        )]);
-        runtime
-            .fail_status
-            .lock()
-            .unwrap()
-            .insert(PodUid::from("p"));
-        pleg.relist().await;
-        assert!(
-            drain(&mut rx).is_empty(),
-            "events of an uninspected pod are held back"
-        );
-        assert!(cache.get(&PodUid::from("p")).is_none());
-        assert_eq!(runtime.take_status_calls(), vec![PodUid::from("p")]);
-
-        runtime.fail_status.lock().unwrap().clear();
-        pleg.relist().await;
-        assert_eq!(runtime.take_status_calls(), vec![PodUid::from("p")]);
-        assert_eq!(
-            drain(&mut rx),
-            vec![
-                event("p", ContainerStarted, "c1"),
-                event("p", ContainerStarted, "sb-p")
-            ],
-            "the record was not advanced, so the events are found again"
-        );
-        assert!(cache.get(&PodUid::from("p")).is_some());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn reinspects_a_failed_pod_even_without_new_events() {
-        let (runtime, cache, mut pleg, _handle, mut rx) = setup();
-        runtime.set_pods(vec![pod(
-            "p",
-            SandboxState::Ready,
-            &[("c1", ContainerState::Running)],
-        )]);
-        pleg.relist().await;
-        drain(&mut rx);
-        runtime.take_status_calls();
-
-        runtime.set_pods(vec![pod(
-            "p",
-            SandboxState::Ready,
-            &[("c1", ContainerState::Exited)],
-        )]);
-        runtime
-            .fail_status
-            .lock()
-            .unwrap()
-            .insert(PodUid::from("p"));
-        pleg.relist().await;
-        // The container comes back to the state of the last good record: no events, still re-read.
-        runtime.set_pods(vec![pod(
-            "p",
-            SandboxState::Ready,
-            &[("c1", ContainerState::Running)],
-        )]);
-        runtime.fail_status.lock().unwrap().clear();
-        let before = Instant::now();
-        tokio::time::advance(Duration::from_millis(5)).await;
-        pleg.relist().await;
-        assert_eq!(
-            runtime.take_status_calls(),
-            vec![PodUid::from("p"), PodUid::from("p")]
-        );
-        assert!(drain(&mut rx).is_empty());
-        assert!(cache.get(&PodUid::from("p")).is_some());
-        let fresh = tokio::time::timeout(
-            Duration::from_millis(1),
-            cache.get_newer_than(&PodUid::from("p"), Some(before)),
-        )
-        .await;
-        assert!(fresh.is_ok());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn health_follows_successful_relists() {
-        let (runtime, _cache, mut pleg, handle, _rx) = setup();
-        assert_eq!(
-            handle.healthy(),
-            Err("pleg has yet to be successful".to_owned())
-        );
-        pleg.relist().await;
-        assert!(handle.healthy().is_ok());
-        let first = handle.last_relist().unwrap();
-
-        *runtime.fail_list.lock().unwrap() = true;
-        tokio::time::advance(Duration::from_mins(3)).await;
-        pleg.relist().await;
-        assert!(
-            handle.healthy().is_ok(),
-            "exactly at the threshold is still healthy"
-        );
-        assert_eq!(
-            handle.last_relist(),
-            Some(first),
-            "a failed relist is not recorded"
-        );
-
-        tokio::time::advance(Duration::from_secs(5)).await;
-        pleg.relist().await;
-        assert_eq!(
-            handle.healthy(),
-            Err("pleg was last seen active 3m5s ago; threshold is 3m0s".to_owned())
-        );
-
-        *runtime.fail_list.lock().unwrap() = false;
-        pleg.relist().await;
-        assert!(handle.healthy().is_ok());
-        assert!(handle.last_relist().unwrap() > first);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn full_channel_discards_and_counts() {
-        let (runtime, _cache, mut pleg, handle, mut rx) = setup();
-        pleg.relist().await;
-        let ids: Vec<String> = (0..EVENT_CHANNEL_CAPACITY + 4)
-            .map(|i| format!("c{i:04}"))
-            .collect();
-        let containers: Vec<(&str, ContainerState)> = ids
-            .iter()
-            .map(|id| (id.as_str(), ContainerState::Running))
-            .collect();
-        runtime.set_pods(vec![pod("p", SandboxState::Ready, &containers)]);
-        pleg.relist().await;
-        // Containers plus the sandbox: 1005 events into a channel of 1000.
-        assert_eq!(handle.discarded_events(), 5);
-        assert_eq!(drain(&mut rx).len(), EVENT_CHANNEL_CAPACITY);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn run_relists_every_period_and_stops_without_receiver() {
-        let (runtime, _cache, pleg, handle, mut rx) = setup();
-        let task = tokio::spawn(pleg.run());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        tokio::task::yield_now().await;
-        let first = handle.last_relist().unwrap();
-
-        runtime.set_pods(vec![pod("p", SandboxState::Ready, &[])]);
-        let got = rx.recv().await.unwrap();
-        assert_eq!(got, event("p", ContainerStarted, "sb-p"));
-        assert!(handle.last_relist().unwrap() - first >= Duration::from_secs(1));
-
-        drop(rx);
-        tokio::time::advance(Duration::from_secs(2)).await;
-        task.await.unwrap();
-    }
-}
+mod tests;

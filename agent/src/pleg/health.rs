@@ -1,5 +1,6 @@
-//! PLEG health and counters shared between the relister and its handles (the kubelet's
-//! `GenericPLEG.Healthy` and the `kubelet_pleg_*` metrics the relister keeps).
+//! PLEG health, mode and counters shared between the relister and its handles (the kubelet's
+//! `GenericPLEG.Healthy`). Any successful relist, full or targeted, counts as activity; in ebpf mode
+//! the safety relist guarantees one per relist period.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,15 +9,44 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::RELIST_THRESHOLD;
+use super::PlegMode;
 
-#[derive(Default)]
 pub(super) struct Shared {
     last_relist: Mutex<Option<Instant>>,
+    last_full_relist: Mutex<Option<Instant>>,
     discarded_events: AtomicU64,
+    mode: Mutex<PlegMode>,
 }
 
 impl Shared {
+    pub(super) fn new(mode: PlegMode) -> Self {
+        Self {
+            last_relist: Mutex::new(None),
+            last_full_relist: Mutex::new(None),
+            discarded_events: AtomicU64::new(0),
+            mode: Mutex::new(mode),
+        }
+    }
+
+    pub(super) fn set_mode(&self, mode: PlegMode) {
+        *self.mode.lock().unwrap_or_else(PoisonError::into_inner) = mode;
+    }
+
+    pub(super) fn record_full_relist(&self, at: Instant) {
+        *self
+            .last_full_relist
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(at);
+    }
+
+    /// When the last successful full relist started.
+    pub(super) fn last_full_relist(&self) -> Option<Instant> {
+        *self
+            .last_full_relist
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(super) fn record_relist(&self, at: Instant) {
         *self
             .last_relist
@@ -29,7 +59,8 @@ impl Shared {
     }
 }
 
-/// A cloneable view of the PLEG's health, for the sync loop's runtime-health check.
+/// A cloneable view of the PLEG's health and mode, for the sync loop's runtime-health check and
+/// `/healthz`.
 #[derive(Clone)]
 pub struct PlegHandle {
     shared: Arc<Shared>,
@@ -37,11 +68,8 @@ pub struct PlegHandle {
 }
 
 impl PlegHandle {
-    pub(super) fn new(shared: Arc<Shared>) -> Self {
-        Self {
-            shared,
-            threshold: RELIST_THRESHOLD,
-        }
+    pub(super) fn new(shared: Arc<Shared>, threshold: Duration) -> Self {
+        Self { shared, threshold }
     }
 
     /// `Ok` when a relist succeeded within the threshold, otherwise why the PLEG is unhealthy.
@@ -60,7 +88,16 @@ impl PlegHandle {
         Ok(())
     }
 
-    /// When the last successful relist started.
+    /// The mode the PLEG runs in now (ebpf mode falls back to relist when its hint source stops).
+    pub fn mode(&self) -> PlegMode {
+        *self
+            .shared
+            .mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// When the last successful relist (full or targeted) started.
     pub fn last_relist(&self) -> Option<Instant> {
         *self
             .shared

@@ -1,17 +1,23 @@
 //! Pod lifecycle event generator: turns what the container runtime reports into per-container
 //! lifecycle events for the sync loop and keeps the timestamped pod cache current. Corresponds to the
-//! kubelet's `pkg/kubelet/pleg` (`GenericPLEG`, relist mode).
+//! kubelet's `pkg/kubelet/pleg` (`GenericPLEG`).
 //!
-//! The relister is the authority: only it reads the runtime and writes the pod cache. Its health is
-//! exposed through a cloneable [`PlegHandle`] so the sync loop can stall when the PLEG falls behind.
+//! The relister is the authority: only it reads the runtime and writes the pod cache. It runs in one
+//! of two modes ([`PlegMode`]): `relist` (the kubelet's: every pod, every second) or `ebpf`, where
+//! [`Hint`]s from the kernel make it re-read just the pod they name (a targeted relist, coalesced per
+//! pod) and a slow full relist stays on as the safety net. Its health and mode are exposed through a
+//! cloneable [`PlegHandle`] so the sync loop can stall when the PLEG falls behind.
 
 mod generic;
 mod health;
 mod hints;
+mod latency;
+mod queue;
 
-pub use generic::GenericPleg;
+pub use generic::{GenericPleg, PlegOptions};
 pub use health::PlegHandle;
 pub use hints::{Hint, HintKind, PodHint};
+pub use latency::{LatencyTracker, monotonic_now_ns};
 
 use std::time::Duration;
 
@@ -23,7 +29,45 @@ pub const EVENT_CHANNEL_CAPACITY: usize = 1000;
 /// The relist period of relist mode (the kubelet's `plegRelistPeriod`).
 pub const DEFAULT_RELIST_PERIOD: Duration = Duration::from_secs(1);
 
-/// How long the PLEG may go without a successful relist before it is unhealthy (relist mode).
+/// The period of the safety relist in ebpf mode, where hints carry the changes.
+pub const DEFAULT_SAFETY_RELIST_PERIOD: Duration = Duration::from_mins(1);
+
+/// How the PLEG learns about changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlegMode {
+    /// Periodic full relists only (the kubelet's behaviour, and the fallback).
+    Relist,
+    /// Hints from the eBPF programs trigger targeted relists; a slow full relist is the safety net.
+    Ebpf,
+}
+
+impl PlegMode {
+    /// The mode's name as flags, metrics and `/healthz` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Relist => "relist",
+            Self::Ebpf => "ebpf",
+        }
+    }
+
+    /// The full-relist period when none is configured.
+    pub fn default_relist_period(self) -> Duration {
+        match self {
+            Self::Relist => DEFAULT_RELIST_PERIOD,
+            Self::Ebpf => DEFAULT_SAFETY_RELIST_PERIOD,
+        }
+    }
+}
+
+impl std::fmt::Display for PlegMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How long the PLEG may go without a successful relist (full or targeted) before it is unhealthy,
+/// in both modes; a relist period longer than half of it raises the threshold to twice the period,
+/// so an idle node with a long safety period stays healthy.
 pub const RELIST_THRESHOLD: Duration = Duration::from_mins(3);
 
 /// What happened to a container (or sandbox) of a pod.

@@ -37,9 +37,11 @@ impl RootQuery {
     }
 }
 
-/// `/healthz`: `ok` when every check passes; otherwise (or when verbose) one line per check.
-/// Failure reasons are withheld because the endpoint is unauthenticated; they go to the log and to
-/// the per-check endpoints instead.
+/// `/healthz`: `ok` when every check passes; otherwise (or when verbose) one line per check, then
+/// an `info: <check>: <detail>` line for each check with a detail (such as the PLEG's mode), placed
+/// like the apiserver's `warn:` line so `[+]`/`[-]` parsers are unaffected. Failure reasons are
+/// withheld because the endpoint is unauthenticated; they go to the log and to the per-check
+/// endpoints instead.
 pub(crate) fn render_root(checks: &[HealthCheck], query: &RootQuery) -> Rendered {
     let mut lines: Vec<String> = Vec::new();
     let mut failed = Vec::new();
@@ -56,6 +58,11 @@ pub(crate) fn render_root(checks: &[HealthCheck], query: &RootQuery) -> Rendered
                 lines.push(format!("[-]{} failed: reason withheld\n", check.name));
                 failed.push(format!("{}: {reason}", check.name));
             }
+        }
+    }
+    for check in checks {
+        if let Some(detail) = &check.detail {
+            lines.push(format!("info: {}: {detail}\n", check.name));
         }
     }
     if !unmatched.is_empty() {
@@ -109,14 +116,17 @@ mod tests {
             HealthCheck {
                 name: "ping",
                 result: Ok(()),
+                detail: None,
             },
             HealthCheck {
                 name: "syncloop",
                 result: syncloop,
+                detail: None,
             },
             HealthCheck {
                 name: "pleg",
                 result: Ok(()),
+                detail: None,
             },
         ]
     }
@@ -163,6 +173,25 @@ mod tests {
             "[+]ping ok\n[+]syncloop excluded: ok\n[+]pleg ok\n\
              warn: some health checks cannot be excluded: no matches for \"nope\"\n\
              healthz check passed\n"
+        );
+    }
+
+    #[test]
+    fn details_are_info_lines_of_verbose_output_only() {
+        let mut with_mode = checks(Ok(()));
+        with_mode[2].detail = Some("mode ebpf".to_owned());
+        let verbose = render_root(&with_mode, &RootQuery::parse(Some("verbose")));
+        assert_eq!(
+            verbose.body,
+            "[+]ping ok\n[+]syncloop ok\n[+]pleg ok\ninfo: pleg: mode ebpf\nhealthz check passed\n"
+        );
+        assert_eq!(render_root(&with_mode, &RootQuery::default()).body, "ok");
+        with_mode[1].result = Err("stalled".to_owned());
+        let failed = render_root(&with_mode, &RootQuery::default());
+        assert!(
+            failed.body.contains("info: pleg: mode ebpf\n"),
+            "{}",
+            failed.body
         );
     }
 

@@ -1,5 +1,5 @@
 //! The agent's HTTP servers (the kubelet's `pkg/kubelet/server` plus its healthz listener): the plain
-//! read-only port (10255, `/pods` and `/healthz` without auth) and the healthz port
+//! read-only port (10255, `/pods`, `/metrics` and `/healthz` without auth) and the healthz port
 //! (`healthzBindAddress:healthzPort`, 127.0.0.1:10248 by default). Both serve one socket-agnostic
 //! router over hyper, so the TLS API port can reuse it.
 //!
@@ -19,6 +19,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::net::TcpListener;
 
+use crate::metrics::Metrics;
+
 use router::{Endpoints, Router};
 
 /// What the servers need from the kubelet (the kubelet's `HostInterface`, reduced to what is served).
@@ -28,6 +30,8 @@ pub trait ServerHost: Send + Sync + 'static {
     fn pods(&self) -> Vec<Pod>;
     /// The named checks behind `/healthz`, in display order.
     fn health_checks(&self) -> Vec<HealthCheck>;
+    /// The metrics served on `/metrics`.
+    fn metrics(&self) -> &Metrics;
 }
 
 /// One named health check and its current result.
@@ -37,6 +41,9 @@ pub struct HealthCheck {
     pub name: &'static str,
     /// `Err` carries why the check fails; only `/healthz/<name>` shows it.
     pub result: Result<(), String>,
+    /// Something worth knowing about the checked subsystem whatever the result (the PLEG's mode),
+    /// shown as an `info:` line of the verbose `/healthz` output.
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +82,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Serves the read-only API (`/pods`, `/healthz`, `/healthz/<check>`) on `listener` until `shutdown`
+/// Serves the read-only API (`/pods`, `/metrics`, `/healthz`, `/healthz/<check>`) on `listener` until `shutdown`
 /// completes; then stops accepting and waits a bounded time for open requests.
 pub async fn serve_read_only(
     listener: TcpListener,

@@ -37,6 +37,7 @@ pub(crate) enum Endpoints {
 #[derive(Debug, PartialEq, Eq)]
 enum Route<'a> {
     Pods,
+    Metrics,
     Healthz,
     HealthzCheck(&'a str),
 }
@@ -46,6 +47,7 @@ impl Endpoints {
         match (self, path) {
             (_, "/healthz") => Some(Route::Healthz),
             (Self::ReadOnly, "/pods") => Some(Route::Pods),
+            (Self::ReadOnly, "/metrics") => Some(Route::Metrics),
             (_, _) => path
                 .strip_prefix("/healthz/")
                 .filter(|name| !name.is_empty() && !name.contains('/'))
@@ -82,6 +84,20 @@ impl Router {
         }
         match route {
             Route::Pods => self.pods().await,
+            Route::Metrics => match self.host.metrics().render() {
+                Ok(body) => {
+                    let mut response = Response::new(Full::new(Bytes::from(body)));
+                    response.headers_mut().insert(
+                        CONTENT_TYPE,
+                        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+                    );
+                    response
+                }
+                Err(error) => {
+                    tracing::error!(%error, "rendering metrics");
+                    text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"))
+                }
+            },
             Route::Healthz => {
                 let query = RootQuery::parse(request.uri().query());
                 let rendered = healthz::render_root(&self.host.health_checks(), &query);
@@ -162,7 +178,9 @@ mod tests {
     #[test]
     fn healthz_listener_has_no_pods_route() {
         assert_eq!(Endpoints::HealthzOnly.route("/pods"), None);
+        assert_eq!(Endpoints::HealthzOnly.route("/metrics"), None);
         assert_eq!(Endpoints::ReadOnly.route("/pods"), Some(Route::Pods));
+        assert_eq!(Endpoints::ReadOnly.route("/metrics"), Some(Route::Metrics));
         assert_eq!(
             Endpoints::HealthzOnly.route("/healthz/pleg"),
             Some(Route::HealthzCheck("pleg"))

@@ -28,6 +28,7 @@ struct FakeHost {
     pods: Vec<Pod>,
     checks: Mutex<Vec<HealthCheck>>,
     gate: Option<Gate>,
+    metrics: Metrics,
 }
 
 impl ServerHost for FakeHost {
@@ -44,6 +45,10 @@ impl ServerHost for FakeHost {
     fn health_checks(&self) -> Vec<HealthCheck> {
         self.checks.lock().unwrap().clone()
     }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
 }
 
 impl FakeHost {
@@ -56,6 +61,7 @@ impl FakeHost {
                 check("pleg", Ok(())),
             ]),
             gate: None,
+            metrics: Metrics::new().unwrap(),
         }
     }
 
@@ -69,7 +75,11 @@ impl FakeHost {
 }
 
 fn check(name: &'static str, result: Result<(), String>) -> HealthCheck {
-    HealthCheck { name, result }
+    HealthCheck {
+        name,
+        result,
+        detail: None,
+    }
 }
 
 fn pod(name: &str, phase: &str) -> Pod {
@@ -213,6 +223,26 @@ async fn healthz_passes_then_fails_with_verbose_output() {
         "internal server error: sync loop took 4m to iterate\n"
     );
 
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_are_prometheus_text_on_the_read_only_port_only() {
+    let host = Arc::new(FakeHost::new());
+    host.metrics.inc_pleg_discard_events();
+    let server = start(Arc::clone(&host), false).await;
+    let reply = get(server.addr, "/metrics").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.headers[CONTENT_TYPE], "text/plain; version=0.0.4");
+    assert!(reply.text().contains("\nkubelet_pleg_discard_events 1\n"));
+    assert!(reply.text().contains("# TYPE ringlet_pleg_mode gauge\n"));
+    stop(server).await.unwrap();
+
+    let server = start(host, true).await;
+    assert_eq!(
+        get(server.addr, "/metrics").await.status,
+        StatusCode::NOT_FOUND
+    );
     stop(server).await.unwrap();
 }
 

@@ -31,28 +31,31 @@ impl StatusManager {
     /// Stores the pod's status, bumping its version when it differs from the stored one. A status
     /// that would move a terminated container of a pod that does not restart it back to another
     /// state, or move a terminal pod out of its phase, is refused (logged), as the kubelet does.
-    pub fn set_pod_status(&self, pod: &Pod, status: ApiPodStatus) {
+    /// Returns whether the stored status changed.
+    pub fn set_pod_status(&self, pod: &Pod, status: ApiPodStatus) -> bool {
         let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) else {
             tracing::warn!(
                 pod = pod.metadata.name.as_deref().unwrap_or_default(),
                 "not storing status of a pod without metadata.uid"
             );
-            return;
+            return false;
         };
         let uid = PodUid::from(uid);
         let mut pods = self.lock();
         match pods.get_mut(&uid) {
-            Some(old) if old.status == status => {}
+            Some(old) if old.status == status => false,
             Some(old) => {
                 if let Err(reason) = check_transition(pod, &old.status, &status) {
                     tracing::warn!(pod = %uid, reason, "refusing pod status update");
-                    return;
+                    return false;
                 }
                 old.status = status;
                 old.version += 1;
+                true
             }
             None => {
                 pods.insert(uid, Versioned { status, version: 1 });
+                true
             }
         }
     }
@@ -172,12 +175,12 @@ mod tests {
         let manager = StatusManager::new();
         let uid = PodUid::from("a");
         let p = pod("a", "Always");
-        manager.set_pod_status(&p, status("Pending", None));
+        assert!(manager.set_pod_status(&p, status("Pending", None)));
         assert_eq!(manager.version(&uid), Some(1));
-        manager.set_pod_status(&p, status("Pending", None));
+        assert!(!manager.set_pod_status(&p, status("Pending", None)));
         assert_eq!(manager.version(&uid), Some(1));
         let clone = manager.clone();
-        clone.set_pod_status(&p, status("Running", None));
+        assert!(clone.set_pod_status(&p, status("Running", None)));
         assert_eq!(manager.version(&uid), Some(2));
         assert_eq!(
             manager.get_pod_status(&uid).unwrap().phase.as_deref(),
@@ -191,7 +194,7 @@ mod tests {
         let uid = PodUid::from("n");
         let p = pod("n", "Never");
         manager.set_pod_status(&p, status("Running", Some(1)));
-        manager.set_pod_status(&p, status("Running", None));
+        assert!(!manager.set_pod_status(&p, status("Running", None)));
         assert_eq!(
             manager.version(&uid),
             Some(1),

@@ -145,6 +145,8 @@ pub(super) struct RawConfig {
     pub container_runtime_endpoint: Option<String>,
     pub enable_debugging_handlers: Option<bool>,
     pub run_once: Option<bool>,
+    pub pleg_mode: Option<String>,
+    pub pleg_relist_period: Option<Duration>,
 }
 
 /// What reading a document produced: the values, the recognised fields ringlet ignores, and every
@@ -222,6 +224,9 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             "containerRuntimeEndpoint" => raw.container_runtime_endpoint = reader.string(),
             "enableDebuggingHandlers" => raw.enable_debugging_handlers = reader.bool(),
             "runOnce" => raw.run_once = reader.bool(),
+            // ringlet extensions, not fields of the kubelet's KubeletConfiguration.
+            "plegMode" => raw.pleg_mode = reader.string(),
+            "plegRelistPeriod" => raw.pleg_relist_period = reader.duration(),
             other if NOT_IMPLEMENTED.contains(&other) => out.not_implemented.push(other.to_owned()),
             other => unknown.push(other.to_owned()),
         }

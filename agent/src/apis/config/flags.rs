@@ -112,6 +112,17 @@ pub struct Flags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub runonce: Option<bool>,
 
+    /// ringlet extension: how the PLEG learns about container changes: ebpf (kernel hints and targeted
+    /// relists), relist (the kubelet's periodic relist) or auto (ebpf when the BPF programs load)
+    /// (config: plegMode).
+    #[arg(long, value_name = "MODE")]
+    pub pleg_mode: Option<String>,
+
+    /// ringlet extension: period of the PLEG's full relist, e.g. 1s; default 1s in relist mode and
+    /// 60s (the safety relist) in ebpf mode (config: plegRelistPeriod).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub pleg_relist_period: Option<Duration>,
+
     /// Dead instances to keep per container; a negative number keeps all of them.
     #[arg(
         long,
@@ -177,6 +188,11 @@ impl Flags {
             self.enable_debugging_handlers.as_ref(),
         );
         set(&mut raw.run_once, self.runonce.as_ref());
+        set(&mut raw.pleg_mode, self.pleg_mode.as_ref());
+        set(
+            &mut raw.pleg_relist_period,
+            self.pleg_relist_period.as_ref(),
+        );
     }
 }
 

@@ -55,7 +55,36 @@ impl fmt::Display for CgroupDriver {
     }
 }
 
-/// The `KubeletConfiguration` fields ringlet implements, defaulted and validated.
+/// `plegMode` / `--pleg-mode` (a ringlet extension): how the PLEG learns about container changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlegModeSetting {
+    /// ebpf when the BPF programs load and attach, relist otherwise.
+    #[default]
+    Auto,
+    /// Hints from the BPF programs, targeted relists and a slow safety relist.
+    Ebpf,
+    /// The kubelet's periodic full relist.
+    Relist,
+}
+
+impl PlegModeSetting {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Ebpf => "ebpf",
+            Self::Relist => "relist",
+        }
+    }
+}
+
+impl fmt::Display for PlegModeSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `KubeletConfiguration` fields ringlet implements, defaulted and validated, plus ringlet's
+/// own extension fields (marked as such).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeletConfiguration {
     /// `staticPodPath`: a directory of manifests or a single manifest file (absolute).
@@ -98,6 +127,11 @@ pub struct KubeletConfiguration {
     pub enable_debugging_handlers: bool,
     /// `runOnce` (default false).
     pub run_once: bool,
+    /// `plegMode` (ringlet extension; default auto).
+    pub pleg_mode: PlegModeSetting,
+    /// `plegRelistPeriod` (ringlet extension): the PLEG's full-relist period; `None` for the mode's
+    /// default (1s in relist mode, 60s as the safety relist in ebpf mode).
+    pub pleg_relist_period: Option<Duration>,
 }
 
 impl Default for KubeletConfiguration {
@@ -124,6 +158,8 @@ impl Default for KubeletConfiguration {
             container_runtime_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_owned(),
             enable_debugging_handlers: true,
             run_once: false,
+            pleg_mode: PlegModeSetting::Auto,
+            pleg_relist_period: None,
         }
     }
 }
@@ -481,6 +517,27 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
         "pods-per-core",
     );
 
+    let pleg_mode = match raw.pleg_mode.as_deref() {
+        None | Some("" | "auto") => PlegModeSetting::Auto,
+        Some("ebpf") => PlegModeSetting::Ebpf,
+        Some("relist") => PlegModeSetting::Relist,
+        Some(other) => {
+            problem(
+                "plegMode",
+                "pleg-mode",
+                format!("{other:?} must be auto, ebpf or relist"),
+            );
+            PlegModeSetting::Auto
+        }
+    };
+    if raw.pleg_relist_period.is_some_and(|p| p.is_zero()) {
+        problem(
+            "plegRelistPeriod",
+            "pleg-relist-period",
+            "must be greater than 0".to_owned(),
+        );
+    }
+
     let container_runtime_endpoint = raw
         .container_runtime_endpoint
         .filter(|e| !e.is_empty())
@@ -519,6 +576,8 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
             .enable_debugging_handlers
             .unwrap_or(defaults.enable_debugging_handlers),
         run_once: raw.run_once.unwrap_or(defaults.run_once),
+        pleg_mode,
+        pleg_relist_period: raw.pleg_relist_period.filter(|p| !p.is_zero()),
     }
 }
 

@@ -392,6 +392,8 @@ fn help_is_available() {
         "--root-dir",
         "--maximum-dead-containers-per-container",
         "--cgroups-per-qos",
+        "--pleg-mode",
+        "--pleg-relist-period",
     ] {
         assert!(help.contains(flag), "{flag} missing from help");
     }
@@ -409,4 +411,46 @@ fn example_config_loads() {
     );
     assert_eq!(config.kubelet.read_only_port, Some(10255));
     assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn pleg_mode_and_period_from_file_and_flags() {
+    let (config, warnings) = load(["ringlet", "--hostname-override=node-a"]).expect("defaults");
+    assert!(warnings.is_empty());
+    assert_eq!(config.kubelet.pleg_mode, PlegModeSetting::Auto);
+    assert_eq!(config.kubelet.pleg_relist_period, None);
+
+    let yaml = format!("{HEADER}plegMode: relist\nplegRelistPeriod: 2s\n");
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("extension fields load");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(config.kubelet.pleg_mode, PlegModeSetting::Relist);
+    assert_eq!(
+        config.kubelet.pleg_relist_period,
+        Some(Duration::from_secs(2))
+    );
+
+    let (config, _) = load_with_file(&yaml, &["--pleg-mode=ebpf", "--pleg-relist-period", "10m"])
+        .expect("flags override");
+    assert_eq!(config.kubelet.pleg_mode, PlegModeSetting::Ebpf);
+    assert_eq!(
+        config.kubelet.pleg_relist_period,
+        Some(Duration::from_mins(10))
+    );
+}
+
+#[test]
+fn bad_pleg_settings_are_reported() {
+    let problems = invalid_problems(load([
+        "ringlet",
+        "--hostname-override=node-a",
+        "--pleg-mode=kernel",
+        "--pleg-relist-period=0s",
+    ]));
+    assert_eq!(
+        problems,
+        vec![
+            "plegMode (--pleg-mode): \"kernel\" must be auto, ebpf or relist".to_owned(),
+            "plegRelistPeriod (--pleg-relist-period): must be greater than 0".to_owned(),
+        ]
+    );
 }

@@ -1,0 +1,436 @@
+//! The agent's Prometheus metrics (the kubelet's `pkg/kubelet/metrics`), served as Prometheus text
+//! (`text/plain; version=0.0.4`) on `/metrics`.
+//!
+//! The `kubelet_*` metrics keep the kubelet's names, types and buckets so existing alerts and
+//! dashboards work against ringlet. The `ringlet_*` metrics are ringlet's own: kernel → PLEG event and
+//! kernel → pod status latency of the eBPF PLEG, the runtime's lag behind the kernel, hints by kind,
+//! targeted vs full relists, ring-buffer drops and the PLEG mode in use.
+//!
+//! Every [`Metrics`] value owns its registry; clones share it. The agent creates one and hands clones
+//! to the PLEG, the sync path, the eBPF reader and the servers.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::container::ContainerState;
+use crate::pleg::{HintKind, PlegMode};
+
+/// The `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+/// The kubelet's buckets for relist duration and interval (Prometheus' `DefBuckets`).
+const DEFAULT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The kubelet's buckets for `kubelet_pod_start_duration_seconds`.
+const POD_START_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
+    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
+/// Sub-millisecond to seconds: the range the eBPF PLEG's latencies live in.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
+/// Why the metrics could not be registered or rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("registering metric {name}")]
+    Register {
+        name: String,
+        #[source]
+        source: prometheus::Error,
+    },
+    #[error("encoding the metrics as Prometheus text")]
+    Encode {
+        #[source]
+        source: prometheus::Error,
+    },
+}
+
+/// Which relist a `ringlet_pleg_relists_total` sample counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelistType {
+    /// One pod re-read because a hint named it.
+    Targeted,
+    /// Every pod listed (the safety relist, a resync, or relist mode's periodic relist).
+    Full,
+}
+
+impl RelistType {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Targeted => "targeted",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// What a hint counted in `ringlet_pleg_hints_total` was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HintLabel {
+    Pod(HintKind),
+    Resync,
+}
+
+impl HintLabel {
+    const ALL: [HintLabel; 6] = [
+        HintLabel::Pod(HintKind::CgroupCreated),
+        HintLabel::Pod(HintKind::CgroupRemoved),
+        HintLabel::Pod(HintKind::Started),
+        HintLabel::Pod(HintKind::Died),
+        HintLabel::Pod(HintKind::OomKilled),
+        HintLabel::Resync,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Pod(HintKind::CgroupCreated) => "cgroup_created",
+            Self::Pod(HintKind::CgroupRemoved) => "cgroup_removed",
+            Self::Pod(HintKind::Started) => "started",
+            Self::Pod(HintKind::Died) => "died",
+            Self::Pod(HintKind::OomKilled) => "oom_killed",
+            Self::Resync => "resync",
+        }
+    }
+}
+
+/// The container states of `kubelet_running_containers{container_state}`, with the kubelet's label
+/// values.
+const CONTAINER_STATES: [(ContainerState, &str); 4] = [
+    (ContainerState::Created, "created"),
+    (ContainerState::Running, "running"),
+    (ContainerState::Exited, "exited"),
+    (ContainerState::Unknown, "unknown"),
+];
+
+struct Inner {
+    registry: Registry,
+    relist_duration: Histogram,
+    relist_interval: Histogram,
+    last_seen: Gauge,
+    discard_events: IntCounter,
+    running_pods: IntGauge,
+    running_containers: IntGaugeVec,
+    pod_start_duration: Histogram,
+    event_latency: Histogram,
+    status_latency: Histogram,
+    runtime_lag: Histogram,
+    hints: IntCounterVec,
+    relists: IntCounterVec,
+    ring_buffer_drops: IntCounter,
+    pleg_mode: IntGaugeVec,
+}
+
+/// A cloneable handle to the agent's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Registers one metric (created from this module's constant definitions) in `registry`.
+fn register<M>(
+    registry: &Registry,
+    name: &str,
+    metric: prometheus::Result<M>,
+) -> Result<M, MetricsError>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let error = |source| MetricsError::Register {
+        name: name.to_owned(),
+        source,
+    };
+    let metric = metric.map_err(error)?;
+    registry.register(Box::new(metric.clone())).map_err(error)?;
+    Ok(metric)
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> Result<Histogram, MetricsError> {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    register(registry, name, Histogram::with_opts(opts))
+}
+
+fn int_counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+) -> Result<IntCounterVec, MetricsError> {
+    register(
+        registry,
+        name,
+        IntCounterVec::new(Opts::new(name, help), &[label]),
+    )
+}
+
+fn int_gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+) -> Result<IntGaugeVec, MetricsError> {
+    register(
+        registry,
+        name,
+        IntGaugeVec::new(Opts::new(name, help), &[label]),
+    )
+}
+
+impl Metrics {
+    /// Every metric, registered in a fresh registry, labelled series present at zero. Fails only
+    /// if a metric definition of this module is invalid.
+    // One definition per metric; splitting the list would only scatter it.
+    #[allow(clippy::too_many_lines)]
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let r = &registry;
+        let inner = Inner {
+            relist_duration: histogram(
+                r,
+                "kubelet_pleg_relist_duration_seconds",
+                "Duration in seconds for relisting pods in PLEG.",
+                DEFAULT_BUCKETS,
+            )?,
+            relist_interval: histogram(
+                r,
+                "kubelet_pleg_relist_interval_seconds",
+                "Interval in seconds between relisting in PLEG.",
+                DEFAULT_BUCKETS,
+            )?,
+            last_seen: register(
+                r,
+                "kubelet_pleg_last_seen_seconds",
+                Gauge::new(
+                    "kubelet_pleg_last_seen_seconds",
+                    "Timestamp in seconds when PLEG was last seen active.",
+                ),
+            )?,
+            discard_events: register(
+                r,
+                "kubelet_pleg_discard_events",
+                IntCounter::new(
+                    "kubelet_pleg_discard_events",
+                    "The number of discard events in PLEG.",
+                ),
+            )?,
+            running_pods: register(
+                r,
+                "kubelet_running_pods",
+                IntGauge::new(
+                    "kubelet_running_pods",
+                    "Number of pods that have a running pod sandbox",
+                ),
+            )?,
+            running_containers: int_gauge_vec(
+                r,
+                "kubelet_running_containers",
+                "Number of containers currently running",
+                "container_state",
+            )?,
+            pod_start_duration: histogram(
+                r,
+                "kubelet_pod_start_duration_seconds",
+                "Duration in seconds from kubelet seeing a pod for the first time to the pod \
+                 starting to run",
+                POD_START_BUCKETS,
+            )?,
+            event_latency: histogram(
+                r,
+                "ringlet_pleg_event_latency_seconds",
+                "Seconds from the kernel seeing a container change (eBPF timestamp) to the PLEG \
+                 emitting the lifecycle event.",
+                LATENCY_BUCKETS,
+            )?,
+            status_latency: histogram(
+                r,
+                "ringlet_pod_status_latency_seconds",
+                "Seconds from the kernel seeing a container change (eBPF timestamp) to the pod's \
+                 status reflecting it.",
+                LATENCY_BUCKETS,
+            )?,
+            runtime_lag: histogram(
+                r,
+                "ringlet_pleg_runtime_lag_seconds",
+                "Seconds the container runtime trailed the kernel: from a targeted relist that \
+                 still missed a container start or exit the kernel reported to the one that \
+                 showed it (only lagging reads are observed).",
+                LATENCY_BUCKETS,
+            )?,
+            hints: int_counter_vec(
+                r,
+                "ringlet_pleg_hints_total",
+                "Hints the PLEG received from its hint source, by kind.",
+                "kind",
+            )?,
+            relists: int_counter_vec(
+                r,
+                "ringlet_pleg_relists_total",
+                "Relists the PLEG ran: targeted (one pod) or full.",
+                "type",
+            )?,
+            ring_buffer_drops: register(
+                r,
+                "ringlet_ebpf_ring_buffer_drops_total",
+                IntCounter::new(
+                    "ringlet_ebpf_ring_buffer_drops_total",
+                    "Events the eBPF programs could not reserve ring-buffer space for.",
+                ),
+            )?,
+            pleg_mode: int_gauge_vec(
+                r,
+                "ringlet_pleg_mode",
+                "The PLEG mode in use (1 for the active mode).",
+                "mode",
+            )?,
+            registry,
+        };
+        for label in HintLabel::ALL {
+            inner.hints.with_label_values(&[label.label()]);
+        }
+        for relist in [RelistType::Targeted, RelistType::Full] {
+            inner.relists.with_label_values(&[relist.label()]);
+        }
+        for (_, state) in CONTAINER_STATES {
+            inner.running_containers.with_label_values(&[state]);
+        }
+        let metrics = Self {
+            inner: Arc::new(inner),
+        };
+        metrics.set_pleg_mode(PlegMode::Relist);
+        Ok(metrics)
+    }
+
+    /// The metrics in the Prometheus text format (served with [`CONTENT_TYPE`]).
+    pub fn render(&self) -> Result<String, MetricsError> {
+        TextEncoder::new()
+            .encode_to_string(&self.inner.registry.gather())
+            .map_err(|source| MetricsError::Encode { source })
+    }
+
+    /// A full relist took `duration` (`kubelet_pleg_relist_duration_seconds`).
+    pub fn observe_relist_duration(&self, duration: Duration) {
+        self.inner.relist_duration.observe(duration.as_secs_f64());
+    }
+
+    /// Time since the previous successful full relist started
+    /// (`kubelet_pleg_relist_interval_seconds`).
+    pub fn observe_relist_interval(&self, interval: Duration) {
+        self.inner.relist_interval.observe(interval.as_secs_f64());
+    }
+
+    /// The PLEG was active now (`kubelet_pleg_last_seen_seconds`).
+    pub fn set_pleg_last_seen_now(&self) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.inner.last_seen.set(now.as_secs_f64());
+    }
+
+    /// The PLEG dropped an event because its channel was full (`kubelet_pleg_discard_events`).
+    pub fn inc_pleg_discard_events(&self) {
+        self.inner.discard_events.inc();
+    }
+
+    /// `kubelet_running_pods` and `kubelet_running_containers{container_state}` from the PLEG's
+    /// latest view: `running_sandboxes` ready sandboxes and `containers` of each state.
+    pub fn set_running(
+        &self,
+        running_sandboxes: usize,
+        containers: impl Fn(ContainerState) -> usize,
+    ) {
+        self.inner.running_pods.set(gauge_value(running_sandboxes));
+        for (state, label) in CONTAINER_STATES {
+            self.inner
+                .running_containers
+                .with_label_values(&[label])
+                .set(gauge_value(containers(state)));
+        }
+    }
+
+    /// A pod reached Running `duration` after it was first seen
+    /// (`kubelet_pod_start_duration_seconds`).
+    pub fn observe_pod_start(&self, duration: Duration) {
+        self.inner
+            .pod_start_duration
+            .observe(duration.as_secs_f64());
+    }
+
+    /// Kernel → PLEG event latency (`ringlet_pleg_event_latency_seconds`).
+    pub fn observe_event_latency(&self, latency: Duration) {
+        self.inner.event_latency.observe(latency.as_secs_f64());
+    }
+
+    /// Kernel → pod status latency (`ringlet_pod_status_latency_seconds`).
+    pub fn observe_status_latency(&self, latency: Duration) {
+        self.inner.status_latency.observe(latency.as_secs_f64());
+    }
+
+    /// How long the runtime lagged behind a kernel-reported exit (`ringlet_pleg_runtime_lag_seconds`).
+    pub fn observe_runtime_lag(&self, lag: Duration) {
+        self.inner.runtime_lag.observe(lag.as_secs_f64());
+    }
+
+    /// One hint received (`ringlet_pleg_hints_total{kind}`).
+    pub fn inc_hint(&self, hint: HintLabel) {
+        self.inner.hints.with_label_values(&[hint.label()]).inc();
+    }
+
+    /// One relist started (`ringlet_pleg_relists_total{type}`).
+    pub fn inc_relist(&self, relist: RelistType) {
+        self.inner
+            .relists
+            .with_label_values(&[relist.label()])
+            .inc();
+    }
+
+    /// Adds `drops` failed ring-buffer reservations (`ringlet_ebpf_ring_buffer_drops_total`).
+    pub fn add_ring_buffer_drops(&self, drops: u64) {
+        self.inner.ring_buffer_drops.inc_by(drops);
+    }
+
+    /// Raises `ringlet_ebpf_ring_buffer_drops_total` to `total`, the sum of the BPF side's drop
+    /// counters; a smaller total (counters re-created) is ignored. Meant for a single reader.
+    pub fn set_ring_buffer_drops_total(&self, total: u64) {
+        let current = self.inner.ring_buffer_drops.get();
+        if total > current {
+            self.inner.ring_buffer_drops.inc_by(total - current);
+        }
+    }
+
+    /// `ringlet_pleg_mode{mode}`: 1 for `mode`, 0 for the other.
+    pub fn set_pleg_mode(&self, mode: PlegMode) {
+        for candidate in [PlegMode::Relist, PlegMode::Ebpf] {
+            self.inner
+                .pleg_mode
+                .with_label_values(&[candidate.as_str()])
+                .set(i64::from(candidate == mode));
+        }
+    }
+}
+
+fn gauge_value(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

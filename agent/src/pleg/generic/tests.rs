@@ -1,0 +1,975 @@
+// Counts and gauges are small integers, exact in f64.
+#![allow(clippy::float_cmp)]
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::*;
+use crate::container::{
+    ContainerStatus, PodStatus, PodSyncResult, RunningContainer, RunningSandbox, RuntimeError,
+    RuntimeStatus, SandboxId, SandboxStatus,
+};
+use crate::pleg::{HintKind, PodHint};
+use PodLifecycleEventKind::{ContainerDied, ContainerRemoved, ContainerStarted};
+
+#[derive(Default)]
+struct FakeRuntime {
+    pods: Mutex<Vec<RunningPod>>,
+    fail_list: Mutex<bool>,
+    fail_status: Mutex<HashSet<PodUid>>,
+    status_calls: Mutex<Vec<PodUid>>,
+    list_calls: Mutex<usize>,
+    /// Listings `get_pod_status` reports for a pod before falling back to `pods` (a runtime that
+    /// has not caught up yet).
+    stale_status: Mutex<HashMap<PodUid, VecDeque<RunningPod>>>,
+}
+
+impl FakeRuntime {
+    fn set_pods(&self, pods: Vec<RunningPod>) {
+        *self.pods.lock().unwrap() = pods;
+    }
+
+    fn take_status_calls(&self) -> Vec<PodUid> {
+        std::mem::take(&mut *self.status_calls.lock().unwrap())
+    }
+
+    fn take_list_calls(&self) -> usize {
+        std::mem::take(&mut *self.list_calls.lock().unwrap())
+    }
+}
+
+#[async_trait]
+impl Runtime for FakeRuntime {
+    async fn version(&self) -> Result<String, RuntimeError> {
+        Ok("fake 0".to_owned())
+    }
+
+    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+        Ok(RuntimeStatus::default())
+    }
+
+    async fn get_pods(&self, all: bool) -> Result<Vec<RunningPod>, RuntimeError> {
+        assert!(all, "the relister must list exited containers too");
+        *self.list_calls.lock().unwrap() += 1;
+        if *self.fail_list.lock().unwrap() {
+            return Err(RuntimeError::Other("list failed".to_owned()));
+        }
+        Ok(self.pods.lock().unwrap().clone())
+    }
+
+    async fn get_pod_status(
+        &self,
+        uid: &PodUid,
+        name: &str,
+        namespace: &str,
+    ) -> Result<PodStatus, RuntimeError> {
+        self.status_calls.lock().unwrap().push(uid.clone());
+        if self.fail_status.lock().unwrap().contains(uid) {
+            return Err(RuntimeError::Other("status failed".to_owned()));
+        }
+        let stale = self
+            .stale_status
+            .lock()
+            .unwrap()
+            .get_mut(uid)
+            .and_then(VecDeque::pop_front);
+        let pods = self.pods.lock().unwrap();
+        let pod = stale.or_else(|| pods.iter().find(|p| &p.uid == uid).cloned());
+        Ok(PodStatus {
+            uid: uid.clone(),
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            ips: vec![format!(
+                "10.0.0.{}",
+                pod.as_ref().map_or(0, |p| p.containers.len())
+            )],
+            sandboxes: pod
+                .iter()
+                .flat_map(|p| &p.sandboxes)
+                .map(|s| SandboxStatus {
+                    id: s.id.clone(),
+                    state: s.state,
+                    created_at: s.created_at,
+                    attempt: 0,
+                    ip: None,
+                    host_network: false,
+                })
+                .collect(),
+            containers: pod
+                .iter()
+                .flat_map(|p| &p.containers)
+                .map(|c| ContainerStatus {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    state: c.state,
+                    created_at: c.created_at,
+                    started_at: 0,
+                    finished_at: 0,
+                    exit_code: 0,
+                    image: String::new(),
+                    image_ref: String::new(),
+                    hash: c.hash.clone(),
+                    restart_count: 0,
+                    reason: String::new(),
+                    message: String::new(),
+                })
+                .collect(),
+        })
+    }
+
+    async fn sync_pod(&self, _pod: &Pod, _status: &PodStatus) -> PodSyncResult {
+        PodSyncResult::default()
+    }
+
+    async fn kill_pod(
+        &self,
+        _pod: Option<&Pod>,
+        _running: &RunningPod,
+        _grace_period_override: Option<i64>,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn garbage_collect(
+        &self,
+        _max_per_pod_container: usize,
+        _active_pods: &HashSet<PodUid>,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+}
+
+fn pod(uid: &str, sandbox: SandboxState, containers: &[(&str, ContainerState)]) -> RunningPod {
+    RunningPod {
+        uid: PodUid::from(uid),
+        name: format!("{uid}-name"),
+        namespace: "default".to_owned(),
+        sandboxes: vec![RunningSandbox {
+            id: SandboxId::new(format!("sb-{uid}")),
+            state: sandbox,
+            created_at: 1,
+        }],
+        containers: containers
+            .iter()
+            .map(|(id, state)| RunningContainer {
+                id: ContainerId::from(*id),
+                name: format!("name-{id}"),
+                state: *state,
+                hash: String::new(),
+                created_at: 2,
+            })
+            .collect(),
+    }
+}
+
+fn event(uid: &str, kind: PodLifecycleEventKind, id: &str) -> PodLifecycleEvent {
+    PodLifecycleEvent {
+        pod: PodUid::from(uid),
+        kind,
+        container: Some(ContainerId::from(id)),
+    }
+}
+
+fn drain(rx: &mut mpsc::Receiver<PodLifecycleEvent>) -> Vec<PodLifecycleEvent> {
+    let mut out = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        out.push(e);
+    }
+    out
+}
+
+fn setup() -> (
+    Arc<FakeRuntime>,
+    Arc<PodCache>,
+    GenericPleg,
+    PlegHandle,
+    mpsc::Receiver<PodLifecycleEvent>,
+) {
+    let runtime = Arc::new(FakeRuntime::default());
+    let cache = Arc::new(PodCache::new());
+    let metrics = Metrics::new().unwrap();
+    let (pleg, handle, rx) = GenericPleg::new(
+        Arc::clone(&runtime) as Arc<dyn Runtime>,
+        Arc::clone(&cache),
+        PlegOptions {
+            relist_period: None,
+            hints: None,
+            latency: LatencyTracker::new(metrics.clone()),
+            metrics,
+        },
+    );
+    (runtime, cache, pleg, handle, rx)
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_exit_and_remove_produce_events() {
+    let (runtime, _cache, mut pleg, _handle, mut rx) = setup();
+    pleg.relist().await;
+    assert!(drain(&mut rx).is_empty());
+
+    runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Running)],
+    )]);
+    pleg.relist().await;
+    assert_eq!(
+        drain(&mut rx),
+        vec![
+            event("p", ContainerStarted, "c1"),
+            event("p", ContainerStarted, "sb-p")
+        ]
+    );
+
+    pleg.relist().await;
+    assert!(drain(&mut rx).is_empty(), "nothing changed");
+
+    runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Exited)],
+    )]);
+    pleg.relist().await;
+    assert_eq!(drain(&mut rx), vec![event("p", ContainerDied, "c1")]);
+
+    runtime.set_pods(vec![pod("p", SandboxState::Ready, &[])]);
+    pleg.relist().await;
+    assert_eq!(drain(&mut rx), vec![event("p", ContainerRemoved, "c1")]);
+
+    runtime.set_pods(vec![]);
+    pleg.relist().await;
+    assert_eq!(
+        drain(&mut rx),
+        vec![
+            event("p", ContainerDied, "sb-p"),
+            event("p", ContainerRemoved, "sb-p")
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_lived_and_created_containers() {
+    let (runtime, _cache, mut pleg, _handle, mut rx) = setup();
+    pleg.relist().await;
+    runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[
+            ("quick", ContainerState::Exited),
+            ("new", ContainerState::Created),
+        ],
+    )]);
+    pleg.relist().await;
+    assert_eq!(
+        drain(&mut rx),
+        vec![
+            event("p", ContainerStarted, "quick"),
+            event("p", ContainerDied, "quick"),
+            event("p", ContainerStarted, "sb-p"),
+        ],
+        "a created container is a ContainerChanged, which is never sent"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sandbox_transitions_count_as_containers() {
+    let (runtime, _cache, mut pleg, _handle, mut rx) = setup();
+    runtime.set_pods(vec![pod("p", SandboxState::Ready, &[])]);
+    pleg.relist().await;
+    assert_eq!(drain(&mut rx), vec![event("p", ContainerStarted, "sb-p")]);
+    runtime.set_pods(vec![pod("p", SandboxState::NotReady, &[])]);
+    pleg.relist().await;
+    assert_eq!(drain(&mut rx), vec![event("p", ContainerDied, "sb-p")]);
+    runtime.set_pods(vec![]);
+    pleg.relist().await;
+    assert_eq!(drain(&mut rx), vec![event("p", ContainerRemoved, "sb-p")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cache_is_filled_and_timestamped() {
+    let (runtime, cache, mut pleg, _handle, _rx) = setup();
+    runtime.set_pods(vec![
+        pod("a", SandboxState::Ready, &[("c1", ContainerState::Running)]),
+        pod("b", SandboxState::NotReady, &[]),
+    ]);
+    let before = Instant::now();
+    tokio::time::advance(Duration::from_millis(10)).await;
+    pleg.relist().await;
+    let mut calls = runtime.take_status_calls();
+    calls.sort();
+    assert_eq!(calls, vec![PodUid::from("a"), PodUid::from("b")]);
+    let a = cache.get(&PodUid::from("a")).unwrap();
+    assert_eq!(a.name, "a-name");
+    assert_eq!(a.ips, vec!["10.0.0.1".to_owned()]);
+    let fresh = tokio::time::timeout(
+        Duration::from_millis(1),
+        cache.get_newer_than(&PodUid::from("unknown"), Some(before)),
+    )
+    .await;
+    assert!(fresh.is_ok(), "update_time must mark the cache fresh");
+
+    // Unchanged pods are not inspected again; a changed one is.
+    pleg.relist().await;
+    assert!(runtime.take_status_calls().is_empty());
+    runtime.set_pods(vec![
+        pod(
+            "a",
+            SandboxState::Ready,
+            &[
+                ("c1", ContainerState::Running),
+                ("c2", ContainerState::Running),
+            ],
+        ),
+        pod("b", SandboxState::NotReady, &[]),
+    ]);
+    pleg.relist().await;
+    assert_eq!(runtime.take_status_calls(), vec![PodUid::from("a")]);
+    assert_eq!(
+        cache.get(&PodUid::from("a")).unwrap().ips,
+        vec!["10.0.0.2".to_owned()]
+    );
+
+    runtime.set_pods(vec![pod("b", SandboxState::NotReady, &[])]);
+    pleg.relist().await;
+    assert!(
+        cache.get(&PodUid::from("a")).is_none(),
+        "a vanished pod leaves the cache"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_status_is_reinspected_next_relist() {
+    let (runtime, cache, mut pleg, _handle, mut rx) = setup();
+    pleg.relist().await;
+    runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Running)],
+    )]);
+    runtime
+        .fail_status
+        .lock()
+        .unwrap()
+        .insert(PodUid::from("p"));
+    pleg.relist().await;
+    assert!(
+        drain(&mut rx).is_empty(),
+        "events of an uninspected pod are held back"
+    );
+    assert!(cache.get(&PodUid::from("p")).is_none());
+    assert_eq!(runtime.take_status_calls(), vec![PodUid::from("p")]);
+
+    runtime.fail_status.lock().unwrap().clear();
+    pleg.relist().await;
+    assert_eq!(runtime.take_status_calls(), vec![PodUid::from("p")]);
+    assert_eq!(
+        drain(&mut rx),
+        vec![
+            event("p", ContainerStarted, "c1"),
+            event("p", ContainerStarted, "sb-p")
+        ],
+        "the record was not advanced, so the events are found again"
+    );
+    assert!(cache.get(&PodUid::from("p")).is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reinspects_a_failed_pod_even_without_new_events() {
+    let (runtime, cache, mut pleg, _handle, mut rx) = setup();
+    runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Running)],
+    )]);
+    pleg.relist().await;
+    drain(&mut rx);
+    runtime.take_status_calls();
+
+    runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Exited)],
+    )]);
+    runtime
+        .fail_status
+        .lock()
+        .unwrap()
+        .insert(PodUid::from("p"));
+    pleg.relist().await;
+    // The container comes back to the state of the last good record: no events, still re-read.
+    runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Running)],
+    )]);
+    runtime.fail_status.lock().unwrap().clear();
+    let before = Instant::now();
+    tokio::time::advance(Duration::from_millis(5)).await;
+    pleg.relist().await;
+    assert_eq!(
+        runtime.take_status_calls(),
+        vec![PodUid::from("p"), PodUid::from("p")]
+    );
+    assert!(drain(&mut rx).is_empty());
+    assert!(cache.get(&PodUid::from("p")).is_some());
+    let fresh = tokio::time::timeout(
+        Duration::from_millis(1),
+        cache.get_newer_than(&PodUid::from("p"), Some(before)),
+    )
+    .await;
+    assert!(fresh.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_follows_successful_relists() {
+    let (runtime, _cache, mut pleg, handle, _rx) = setup();
+    assert_eq!(
+        handle.healthy(),
+        Err("pleg has yet to be successful".to_owned())
+    );
+    pleg.relist().await;
+    assert!(handle.healthy().is_ok());
+    let first = handle.last_relist().unwrap();
+
+    *runtime.fail_list.lock().unwrap() = true;
+    tokio::time::advance(Duration::from_mins(3)).await;
+    pleg.relist().await;
+    assert!(
+        handle.healthy().is_ok(),
+        "exactly at the threshold is still healthy"
+    );
+    assert_eq!(
+        handle.last_relist(),
+        Some(first),
+        "a failed relist is not recorded"
+    );
+
+    tokio::time::advance(Duration::from_secs(5)).await;
+    pleg.relist().await;
+    assert_eq!(
+        handle.healthy(),
+        Err("pleg was last seen active 3m5s ago; threshold is 3m0s".to_owned())
+    );
+
+    *runtime.fail_list.lock().unwrap() = false;
+    pleg.relist().await;
+    assert!(handle.healthy().is_ok());
+    assert!(handle.last_relist().unwrap() > first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_channel_discards_and_counts() {
+    let (runtime, _cache, mut pleg, handle, mut rx) = setup();
+    pleg.relist().await;
+    let ids: Vec<String> = (0..EVENT_CHANNEL_CAPACITY + 4)
+        .map(|i| format!("c{i:04}"))
+        .collect();
+    let containers: Vec<(&str, ContainerState)> = ids
+        .iter()
+        .map(|id| (id.as_str(), ContainerState::Running))
+        .collect();
+    runtime.set_pods(vec![pod("p", SandboxState::Ready, &containers)]);
+    pleg.relist().await;
+    // Containers plus the sandbox: 1005 events into a channel of 1000.
+    assert_eq!(handle.discarded_events(), 5);
+    assert_eq!(drain(&mut rx).len(), EVENT_CHANNEL_CAPACITY);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_relists_every_period_and_stops_without_receiver() {
+    let (runtime, _cache, pleg, handle, mut rx) = setup();
+    let task = tokio::spawn(pleg.run());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    tokio::task::yield_now().await;
+    let first = handle.last_relist().unwrap();
+
+    runtime.set_pods(vec![pod("p", SandboxState::Ready, &[])]);
+    let got = rx.recv().await.unwrap();
+    assert_eq!(got, event("p", ContainerStarted, "sb-p"));
+    assert!(handle.last_relist().unwrap() - first >= Duration::from_secs(1));
+
+    drop(rx);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    task.await.unwrap();
+}
+
+/// Reads one sample (`name{labels}` exactly as rendered) from the metrics text.
+fn metric(metrics: &Metrics, sample: &str) -> f64 {
+    let text = metrics.render().unwrap();
+    text.lines()
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == sample).then(|| value.parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
+}
+
+struct EbpfPleg {
+    runtime: Arc<FakeRuntime>,
+    cache: Arc<PodCache>,
+    handle: PlegHandle,
+    events: mpsc::Receiver<PodLifecycleEvent>,
+    hints: mpsc::Sender<Hint>,
+    metrics: Metrics,
+    latency: LatencyTracker,
+}
+
+/// An ebpf-mode PLEG over `pods`, running, past its first full relist, with the call counters and
+/// events of that relist cleared.
+async fn start_ebpf(pods: Vec<RunningPod>) -> EbpfPleg {
+    start_ebpf_with_period(pods, None).await
+}
+
+async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>) -> EbpfPleg {
+    let runtime = Arc::new(FakeRuntime::default());
+    runtime.set_pods(pods);
+    let cache = Arc::new(PodCache::new());
+    let metrics = Metrics::new().unwrap();
+    let latency = LatencyTracker::new(metrics.clone());
+    let (hints, hint_rx) = mpsc::channel(1024);
+    let (pleg, handle, mut events) = GenericPleg::new(
+        Arc::clone(&runtime) as Arc<dyn Runtime>,
+        Arc::clone(&cache),
+        PlegOptions {
+            relist_period: period,
+            hints: Some(hint_rx),
+            metrics: metrics.clone(),
+            latency: latency.clone(),
+        },
+    );
+    tokio::spawn(pleg.run());
+    settle().await;
+    assert_eq!(
+        runtime.take_list_calls(),
+        1,
+        "the first full relist runs at once"
+    );
+    runtime.take_status_calls();
+    drain(&mut events);
+    EbpfPleg {
+        runtime,
+        cache,
+        handle,
+        events,
+        hints,
+        metrics,
+        latency,
+    }
+}
+
+/// Lets the PLEG task run until it waits (the fake runtime never blocks).
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn died(pod: &str, container: &str) -> Hint {
+    Hint::Pod(PodHint {
+        pod: PodUid::from(pod),
+        kind: HintKind::Died,
+        container: Some(ContainerId::from(container)),
+        exit_code: Some(1),
+        signal: None,
+        kernel_time_ns: crate::pleg::monotonic_now_ns().saturating_sub(1_000_000),
+    })
+}
+
+fn running_p() -> Vec<RunningPod> {
+    vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Running)],
+    )]
+}
+
+fn exited_p() -> Vec<RunningPod> {
+    vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[("c1", ContainerState::Exited)],
+    )]
+}
+
+#[tokio::test(start_paused = true)]
+async fn ebpf_mode_is_reported_and_relists_at_the_safety_period() {
+    let mut t = start_ebpf(running_p()).await;
+    assert_eq!(t.handle.mode(), PlegMode::Ebpf);
+    assert!(t.handle.healthy().is_ok());
+    assert_eq!(metric(&t.metrics, "ringlet_pleg_mode{mode=\"ebpf\"}"), 1.0);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_mode{mode=\"relist\"}"),
+        0.0
+    );
+    assert_eq!(metric(&t.metrics, "kubelet_running_pods"), 1.0);
+    assert_eq!(
+        metric(
+            &t.metrics,
+            "kubelet_running_containers{container_state=\"running\"}"
+        ),
+        1.0
+    );
+
+    tokio::time::advance(Duration::from_secs(59)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    t.runtime.set_pods(exited_p());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1, "the safety relist");
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_relists_total{type=\"full\"}"),
+        2.0
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"),
+        0.0,
+        "no hint led to this event"
+    );
+    assert_eq!(
+        metric(&t.metrics, "kubelet_pleg_relist_interval_seconds_count"),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn died_hint_relists_only_that_pod() {
+    let mut t = start_ebpf(vec![
+        pod("p", SandboxState::Ready, &[("c1", ContainerState::Running)]),
+        pod("q", SandboxState::Ready, &[("c9", ContainerState::Running)]),
+    ])
+    .await;
+    let first = t.handle.last_relist().unwrap();
+    tokio::time::advance(Duration::from_millis(3)).await;
+    t.runtime.set_pods(vec![
+        pod("p", SandboxState::Ready, &[("c1", ContainerState::Exited)]),
+        pod("q", SandboxState::Ready, &[("c9", ContainerState::Exited)]),
+    ]);
+    t.hints.send(died("p", "c1")).await.unwrap();
+    settle().await;
+
+    assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("p")]);
+    assert_eq!(t.runtime.take_list_calls(), 0, "no full relist");
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerDied, "c1")],
+        "q changed too, but nothing said so: the safety relist will find it"
+    );
+    let cached = t.cache.get(&PodUid::from("p")).unwrap();
+    assert_eq!(cached.containers[0].state, ContainerState::Exited);
+    assert!(
+        t.handle.last_relist().unwrap() > first,
+        "a targeted relist is activity"
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_relists_total{type=\"targeted\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_hints_total{kind=\"died\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"),
+        1.0
+    );
+    assert!(
+        metric(&t.metrics, "ringlet_pleg_event_latency_seconds_sum") >= 0.001,
+        "the hint was stamped 1 ms ago"
+    );
+    assert!(t.latency.is_pending(&PodUid::from("p")));
+    assert!(!t.latency.is_pending(&PodUid::from("q")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_hints_for_one_pod_coalesces() {
+    let mut t = start_ebpf(running_p()).await;
+    t.runtime.set_pods(exited_p());
+    for _ in 0..50 {
+        t.hints.send(died("p", "c1")).await.unwrap();
+    }
+    settle().await;
+    let calls = t.runtime.take_status_calls();
+    assert!(
+        !calls.is_empty() && calls.len() <= 2,
+        "50 hints, {} reads",
+        calls.len()
+    );
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_hints_total{kind=\"died\"}"),
+        50.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn runtime_lag_is_retried_with_back_off() {
+    let mut t = start_ebpf(running_p()).await;
+    t.runtime.set_pods(exited_p());
+    t.runtime.stale_status.lock().unwrap().insert(
+        PodUid::from("p"),
+        VecDeque::from([running_p()[0].clone(), running_p()[0].clone()]),
+    );
+    t.hints.send(died("p", "c1")).await.unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls().len(), 1);
+    assert!(
+        drain(&mut t.events).is_empty(),
+        "the runtime still says running"
+    );
+
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls().len(), 1, "retry after 1 ms");
+    assert!(drain(&mut t.events).is_empty());
+
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert!(
+        t.runtime.take_status_calls().is_empty(),
+        "the second wait is 2 ms"
+    );
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls().len(), 1);
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"),
+        1.0
+    );
+    assert!((metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_sum") - 0.003).abs() < 1e-9);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"),
+        1.0
+    );
+    assert_eq!(t.runtime.take_list_calls(), 0);
+
+    // Nothing more is pending.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    settle().await;
+    assert!(t.runtime.take_status_calls().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_never_catches_up_is_left_to_the_safety_relist() {
+    let mut t = start_ebpf(running_p()).await;
+    t.hints.send(died("p", "c1")).await.unwrap();
+    for _ in 0..12 {
+        settle().await;
+        tokio::time::advance(Duration::from_millis(600)).await;
+    }
+    settle().await;
+    assert_eq!(
+        t.runtime.take_status_calls().len(),
+        11,
+        "the first read and ten retries"
+    );
+    assert!(drain(&mut t.events).is_empty());
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"),
+        0.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn hint_for_an_unknown_pod_relists_everything() {
+    let mut t = start_ebpf(running_p()).await;
+    let mut pods = running_p();
+    pods.push(pod("new", SandboxState::Ready, &[]));
+    t.runtime.set_pods(pods);
+    t.hints
+        .send(Hint::Pod(PodHint {
+            pod: PodUid::from("new"),
+            kind: HintKind::CgroupCreated,
+            container: Some(ContainerId::from("sb-new")),
+            exit_code: None,
+            signal: None,
+            kernel_time_ns: crate::pleg::monotonic_now_ns(),
+        }))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1);
+    assert_eq!(
+        t.runtime.take_status_calls(),
+        vec![PodUid::from("new")],
+        "the full relist reads the new pod; no targeted relist follows"
+    );
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("new", ContainerStarted, "sb-new")]
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"),
+        1.0,
+        "the full relist's event came from the hint"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn resync_relists_everything_at_once() {
+    let t = start_ebpf(running_p()).await;
+    t.hints
+        .send(Hint::Resync {
+            reason: "ring buffer drops".to_owned(),
+        })
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_hints_total{kind=\"resync\"}"),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_change_without_transition_is_a_pod_sync() {
+    let mut t = start_ebpf(running_p()).await;
+    t.runtime.set_pods(vec![pod(
+        "p",
+        SandboxState::Ready,
+        &[
+            ("c1", ContainerState::Running),
+            ("c2", ContainerState::Created),
+        ],
+    )]);
+    t.hints
+        .send(Hint::Pod(PodHint {
+            pod: PodUid::from("p"),
+            kind: HintKind::CgroupCreated,
+            container: Some(ContainerId::from("c2")),
+            exit_code: None,
+            signal: None,
+            kernel_time_ns: crate::pleg::monotonic_now_ns(),
+        }))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(
+        drain(&mut t.events),
+        vec![PodLifecycleEvent {
+            pod: PodUid::from("p"),
+            kind: PodLifecycleEventKind::PodSync,
+            container: None,
+        }]
+    );
+
+    // The same status again: nothing to say.
+    t.hints.send(died("p", "nothing")).await.unwrap();
+    settle().await;
+    assert!(drain(&mut t.events).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_hint_source_falls_back_to_relist_mode() {
+    let t = start_ebpf(running_p()).await;
+    drop(t.hints);
+    settle().await;
+    assert_eq!(t.handle.mode(), PlegMode::Relist);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_mode{mode=\"relist\"}"),
+        1.0
+    );
+    assert_eq!(t.runtime.take_list_calls(), 1, "relists at once");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1, "then every second");
+}
+
+#[tokio::test(start_paused = true)]
+async fn relist_mode_observes_relist_metrics() {
+    let (_runtime, _cache, mut pleg, handle, _rx) = setup();
+    assert_eq!(handle.mode(), PlegMode::Relist);
+    pleg.relist().await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    pleg.relist().await;
+    assert_eq!(
+        metric(&pleg.metrics, "kubelet_pleg_relist_duration_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(&pleg.metrics, "kubelet_pleg_relist_interval_seconds_count"),
+        1.0
+    );
+    assert!(metric(&pleg.metrics, "kubelet_pleg_last_seen_seconds") > 1.0e9);
+}
+
+fn pod_hint(pod: &str, kind: HintKind, container: &str) -> Hint {
+    Hint::Pod(PodHint {
+        pod: PodUid::from(pod),
+        kind,
+        container: Some(ContainerId::from(container)),
+        exit_code: None,
+        signal: None,
+        kernel_time_ns: crate::pleg::monotonic_now_ns(),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_the_runtime_has_not_recorded_yet_is_retried() {
+    let mut t = start_ebpf(vec![pod("p", SandboxState::Ready, &[])]).await;
+    t.runtime.set_pods(running_p());
+    t.runtime.stale_status.lock().unwrap().insert(
+        PodUid::from("p"),
+        VecDeque::from([pod(
+            "p",
+            SandboxState::Ready,
+            &[("c1", ContainerState::Created)],
+        )]),
+    );
+    t.hints
+        .send(pod_hint("p", HintKind::Started, "c1"))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(
+        drain(&mut t.events),
+        vec![PodLifecycleEvent {
+            pod: PodUid::from("p"),
+            kind: PodLifecycleEventKind::PodSync,
+            container: None,
+        }],
+        "a created container changes the status but is no start"
+    );
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls().len(), 2);
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerStarted, "c1")]
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn removed_cgroups_of_an_unknown_pod_cost_nothing() {
+    let t = start_ebpf(running_p()).await;
+    t.hints
+        .send(pod_hint("gone", HintKind::CgroupRemoved, "c7"))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    assert!(t.runtime.take_status_calls().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_safety_period_keeps_an_idle_pleg_healthy() {
+    let t = start_ebpf_with_period(running_p(), Some(Duration::from_mins(10))).await;
+    tokio::time::advance(Duration::from_mins(9)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    assert!(t.handle.healthy().is_ok());
+    tokio::time::advance(Duration::from_mins(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1);
+}

@@ -1,0 +1,145 @@
+//! Kernel → event and kernel → status latency of the eBPF PLEG (ringlet's own; the kubelet has no
+//! counterpart). Hints carry the kernel's `CLOCK_MONOTONIC` timestamp; the PLEG observes the event
+//! latency when it emits an event a hint led to and remembers the hint's time on the pod, and the sync
+//! path observes the status latency when it next stores a changed status for that pod.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::container::PodUid;
+use crate::metrics::Metrics;
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock `bpf_ktime_get_ns` reads, so it can be compared
+/// with a hint's `kernel_time_ns`. 0 if the clock cannot be read.
+pub fn monotonic_now_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    if rc != 0 {
+        return 0;
+    }
+    let secs = u64::try_from(now.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// Time from a kernel timestamp to now; zero for a timestamp in the future.
+fn since_kernel(kernel_time_ns: u64) -> Duration {
+    Duration::from_nanos(monotonic_now_ns().saturating_sub(kernel_time_ns))
+}
+
+/// Shared between the PLEG and the sync path: the kernel time of the oldest hint whose events the
+/// sync path has not yet turned into a changed status, per pod. Cloneable; clones share the state.
+#[derive(Clone)]
+pub struct LatencyTracker {
+    pending: Arc<Mutex<HashMap<PodUid, u64>>>,
+    metrics: Metrics,
+}
+
+impl LatencyTracker {
+    pub fn new(metrics: Metrics) -> Self {
+        Self {
+            pending: Arc::default(),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, u64>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The PLEG emitted an event for `pod` that a hint stamped `kernel_time_ns` led to: observes the
+    /// kernel → event latency and remembers the time for the status latency.
+    pub(super) fn event_emitted(&self, pod: &PodUid, kernel_time_ns: u64) {
+        self.metrics
+            .observe_event_latency(since_kernel(kernel_time_ns));
+        self.lock()
+            .entry(pod.clone())
+            .and_modify(|t| *t = (*t).min(kernel_time_ns))
+            .or_insert(kernel_time_ns);
+    }
+
+    /// The sync path stored a changed status for `pod`: observes kernel → status latency if an
+    /// event a hint led to is waiting for it.
+    pub fn status_changed(&self, pod: &PodUid) {
+        let pending = self.lock().remove(pod);
+        if let Some(kernel_time_ns) = pending {
+            self.metrics
+                .observe_status_latency(since_kernel(kernel_time_ns));
+        }
+    }
+
+    /// Forgets pods not in `keep` (pods that went away before their status changed).
+    pub fn retain(&self, keep: &HashSet<PodUid>) {
+        self.lock().retain(|uid, _| keep.contains(uid));
+    }
+
+    /// Whether a hint time waits for `pod`'s next changed status.
+    pub fn is_pending(&self, pod: &PodUid) -> bool {
+        self.lock().contains_key(pod)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn histogram_count(metrics: &Metrics, name: &str) -> u64 {
+        let text = metrics.render().unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}_count")))
+            .unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn monotonic_clock_moves_forward() {
+        let a = monotonic_now_ns();
+        let b = monotonic_now_ns();
+        assert!(a > 0);
+        assert!(b >= a);
+    }
+
+    #[test]
+    fn event_then_changed_status_observes_both_latencies_once() {
+        let metrics = Metrics::new().unwrap();
+        let tracker = LatencyTracker::new(metrics.clone());
+        let pod = PodUid::from("p");
+        let kernel = monotonic_now_ns().saturating_sub(2_000_000);
+        tracker.event_emitted(&pod, kernel);
+        tracker.event_emitted(&pod, kernel + 1_000);
+        assert_eq!(
+            histogram_count(&metrics, "ringlet_pleg_event_latency_seconds"),
+            2
+        );
+        assert!(tracker.is_pending(&pod));
+        tracker.status_changed(&pod);
+        tracker.status_changed(&pod);
+        assert_eq!(
+            histogram_count(&metrics, "ringlet_pod_status_latency_seconds"),
+            1
+        );
+        assert!(!tracker.is_pending(&pod));
+        let text = metrics.render().unwrap();
+        assert!(
+            text.contains("ringlet_pod_status_latency_seconds_bucket{le=\"0.001\"} 0"),
+            "a hint 2 ms old is not under 1 ms: {text}"
+        );
+    }
+
+    #[test]
+    fn retain_forgets_gone_pods() {
+        let tracker = LatencyTracker::new(Metrics::new().unwrap());
+        tracker.event_emitted(&PodUid::from("a"), 1);
+        tracker.event_emitted(&PodUid::from("b"), 1);
+        tracker.retain(&HashSet::from([PodUid::from("b")]));
+        assert!(!tracker.is_pending(&PodUid::from("a")));
+        assert!(tracker.is_pending(&PodUid::from("b")));
+    }
+}
