@@ -37,8 +37,13 @@ fn run() -> Result<(), String> {
 
     let mut sources = Vec::new();
     for entry in fs::read_dir(&src).map_err(|e| format!("reading {}: {e}", src.display()))? {
-        let path = entry.map_err(|e| format!("reading {}: {e}", src.display()))?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let path = entry
+            .map_err(|e| format!("reading {}: {e}", src.display()))?
+            .path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if name.ends_with(".bpf.c") {
             sources.push(path);
         } else if name.ends_with(".h") {

@@ -5,6 +5,7 @@
 pub mod apis;
 pub mod cm;
 pub mod container;
+pub mod ebpf;
 pub mod events;
 pub mod kubelet;
 pub mod kuberuntime;

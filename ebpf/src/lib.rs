@@ -7,10 +7,8 @@
 #[repr(C, align(8))]
 struct Aligned<T: ?Sized>(T);
 
-static OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(
-    env!("OUT_DIR"),
-    "/ringlet.bpf.o"
-)));
+static OBJECT: &Aligned<[u8]> =
+    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/ringlet.bpf.o")));
 
 /// The compiled BPF object (ELF, with BTF), 8-byte aligned.
 pub fn object() -> &'static [u8] {
@@ -140,7 +138,11 @@ mod tests {
         }
         let fields: Vec<&str> = header
             .lines()
-            .filter_map(|line| line.trim().strip_prefix("__u").or_else(|| line.trim().strip_prefix("char ")))
+            .filter_map(|line| {
+                line.trim()
+                    .strip_prefix("__u")
+                    .or_else(|| line.trim().strip_prefix("char "))
+            })
             .collect();
         assert_eq!(fields.len(), 7, "{fields:?}");
     }

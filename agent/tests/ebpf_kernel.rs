@@ -1,0 +1,321 @@
+//! The eBPF hint source on the real kernel: loads and attaches the programs with a temporary pods'
+//! parent cgroup, makes container cgroups and processes in them, and checks the hints, the drop
+//! accounting and the pins. Needs root, kernel BTF, a cgroup2 hierarchy and bpffs: skips (with the
+//! reason) without them, and fails instead when CI=true.
+
+use std::ffi::CString;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ringlet::container::{ContainerId, PodUid};
+use ringlet::ebpf::{EbpfHandle, EbpfOptions, start};
+use ringlet::pleg::{Hint, HintKind, PodHint};
+use tokio::sync::mpsc;
+
+const UID: &str = "7d0c1f42-3b5e-4a7c-9f10-2e8d6b4a5c01";
+
+fn container_id(n: u32) -> String {
+    format!("{n:08x}{}", "ab".repeat(28))
+}
+
+/// The cgroup2 mount, or why the test cannot run.
+fn preconditions() -> Result<PathBuf, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root".into());
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err("no kernel BTF at /sys/kernel/btf/vmlinux".into());
+    }
+    if !Path::new("/sys/fs/bpf").is_dir() {
+        return Err("no bpffs at /sys/fs/bpf".into());
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            if !right.starts_with("cgroup2 ") {
+                return None;
+            }
+            left.split(' ').nth(4).map(PathBuf::from)
+        })
+        .next()
+        .ok_or_else(|| "no cgroup2 hierarchy mounted".into())
+}
+
+/// Runs the test body when the machine allows, else says why it is skipped (or fails under CI).
+fn require() -> Option<PathBuf> {
+    match preconditions() {
+        Ok(root) => Some(root),
+        Err(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("the eBPF kernel test cannot run under CI: {reason}")
+        }
+        Err(reason) => {
+            eprintln!("SKIP: the eBPF kernel test needs root, BTF, bpffs and cgroup2: {reason}");
+            None
+        }
+    }
+}
+
+/// Removes a cgroup tree (deepest first) on drop, also when the test fails.
+struct CgroupTree(PathBuf);
+
+impl Drop for CgroupTree {
+    fn drop(&mut self) {
+        fn remove(dir: &Path) {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        remove(&entry.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        remove(&self.0);
+    }
+}
+
+/// Removes a pin directory's leftovers if the handle did not (a failed test).
+struct PinDir(PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Setup {
+    handle: EbpfHandle,
+    hints: mpsc::Receiver<Hint>,
+    parent: PathBuf,
+    pin_dir: PathBuf,
+    // Clean up after a failed test; a passing one drops the handle first, which removes the pins.
+    _pins: PinDir,
+    _cgroups: CgroupTree,
+}
+
+fn setup(root: &Path, name: &str, ring_buffer_bytes: u32, channel: usize) -> Setup {
+    let parent = root.join(format!("ringlet-test-{name}-{}", std::process::id()));
+    let pin_dir = PathBuf::from(format!(
+        "/sys/fs/bpf/ringlet-test-{name}-{}",
+        std::process::id()
+    ));
+    let cgroups = CgroupTree(parent.clone());
+    let pins = PinDir(pin_dir.clone());
+    let (tx, hints) = mpsc::channel(channel);
+    let options = EbpfOptions {
+        pods_cgroup: parent.clone(),
+        ring_buffer_bytes,
+        pin_dir: pin_dir.clone(),
+    };
+    let handle = start(options, tx).unwrap();
+    Setup {
+        handle,
+        hints,
+        parent,
+        pin_dir,
+        _pins: pins,
+        _cgroups: cgroups,
+    }
+}
+
+/// Receives hints until `done` says so, or fails after 5 s with what arrived.
+async fn collect(hints: &mut mpsc::Receiver<Hint>, done: impl Fn(&[Hint]) -> bool) -> Vec<Hint> {
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !done(&seen) {
+        match tokio::time::timeout_at(deadline, hints.recv()).await {
+            Ok(Some(hint)) => seen.push(hint),
+            Ok(None) => panic!("the hint channel closed; got {seen:#?}"),
+            Err(_) => panic!("timed out waiting for hints; got {seen:#?}"),
+        }
+    }
+    seen
+}
+
+fn pod_hint<'a>(hints: &'a [Hint], kind: HintKind) -> Option<&'a PodHint> {
+    hints.iter().find_map(|hint| match hint {
+        Hint::Pod(pod) if pod.kind == kind => Some(pod),
+        _ => None,
+    })
+}
+
+/// Runs `sh -c 'exit 3'` as pid 1 of a new pid namespace inside `cgroup` (joined before exec).
+fn run_init_in(cgroup: &Path) -> std::process::ExitStatus {
+    let procs = CString::new(
+        cgroup
+            .join("cgroup.procs")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    let mut command = Command::new("unshare");
+    command.args(["--pid", "--fork", "sh", "-c", "exit 3"]);
+    // SAFETY: the closure only calls async-signal-safe functions (open, write, close).
+    unsafe {
+        command.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if written != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.status().unwrap()
+}
+
+#[tokio::test]
+async fn container_lifecycle_in_the_kernel_becomes_hints_and_pins_come_and_go() {
+    let Some(root) = require() else { return };
+    let Setup {
+        handle,
+        mut hints,
+        parent,
+        pin_dir,
+        _pins,
+        _cgroups,
+    } = setup(&root, "life", 1 << 16, 1024);
+
+    for name in ringlet_ebpf::MAPS.iter().chain(handle.attached_programs()) {
+        assert!(
+            pin_dir.join(name).exists(),
+            "{name} is not pinned in {}",
+            pin_dir.display()
+        );
+    }
+    assert_eq!(
+        handle.attached_programs().len(),
+        ringlet_ebpf::PROGRAMS.len(),
+        "every program attaches on this kernel"
+    );
+    if Command::new("bpftool").arg("version").output().is_ok() {
+        for map in [ringlet_ebpf::DROPS_MAP, ringlet_ebpf::STARTED_MAP] {
+            let out = Command::new("bpftool")
+                .args(["map", "dump", "pinned"])
+                .arg(pin_dir.join(map))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "bpftool map dump {map}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    let id = container_id(1);
+    let container = parent
+        .join("besteffort")
+        .join(format!("pod{UID}"))
+        .join(&id);
+    std::fs::create_dir_all(&container).unwrap();
+    let status = run_init_in(&container);
+    assert_eq!(status.code(), Some(3));
+
+    let seen = collect(&mut hints, |seen| pod_hint(seen, HintKind::Died).is_some()).await;
+    let expect = |kind| {
+        let hint = pod_hint(&seen, kind).unwrap_or_else(|| panic!("no {kind:?} hint in {seen:#?}"));
+        assert_eq!(hint.pod, PodUid::new(UID));
+        assert_eq!(hint.container, Some(ContainerId::new(id.clone())));
+        assert!(hint.kernel_time_ns > 0);
+        hint.clone()
+    };
+    expect(HintKind::CgroupCreated);
+    expect(HintKind::Started);
+    let died = expect(HintKind::Died);
+    assert_eq!((died.exit_code, died.signal), (Some(3), None));
+    assert!(
+        !seen.iter().any(|h| matches!(h, Hint::Resync { .. })),
+        "no events were lost: {seen:#?}"
+    );
+
+    std::fs::remove_dir(&container).unwrap();
+    let seen = collect(&mut hints, |seen| {
+        pod_hint(seen, HintKind::CgroupRemoved).is_some()
+    })
+    .await;
+    assert_eq!(
+        pod_hint(&seen, HintKind::CgroupRemoved).unwrap().container,
+        Some(ContainerId::new(id))
+    );
+    assert_eq!(handle.dropped_events(), 0);
+    assert!(handle.events_read() >= 4);
+
+    drop(handle);
+    assert!(
+        !pin_dir.exists(),
+        "the pins outlive the handle: {:?}",
+        std::fs::read_dir(&pin_dir).map(|d| d.count())
+    );
+}
+
+#[tokio::test]
+async fn a_full_ring_buffer_counts_drops_and_asks_for_a_resync() {
+    let Some(root) = require() else { return };
+    // SAFETY: sysconf only reads a configuration value.
+    let page = u32::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+    // One page holds 17 events; the reader cannot run during the burst (this runtime has one thread
+    // and the burst does not yield).
+    let Setup {
+        handle,
+        mut hints,
+        parent,
+        _pins,
+        _cgroups,
+        ..
+    } = setup(&root, "overflow", page, 1024);
+    let pod = parent.join(format!("pod{UID}"));
+    for n in 0..100 {
+        std::fs::create_dir_all(pod.join(container_id(n))).unwrap();
+    }
+    let seen = collect(&mut hints, |seen| {
+        seen.iter().any(|h| matches!(h, Hint::Resync { .. }))
+    })
+    .await;
+    assert!(handle.dropped_events() > 0, "no drops counted");
+    let created = seen
+        .iter()
+        .filter(|h| matches!(h, Hint::Pod(p) if p.kind == HintKind::CgroupCreated))
+        .count();
+    assert!(
+        created < 100,
+        "all {created} events fit a one-page ring buffer?"
+    );
+    assert_eq!(handle.resyncs(), 1);
+    drop(handle);
+}
+
+#[tokio::test]
+async fn a_full_hint_channel_becomes_one_resync_once_there_is_room() {
+    let Some(root) = require() else { return };
+    let Setup {
+        handle,
+        mut hints,
+        parent,
+        _pins,
+        _cgroups,
+        ..
+    } = setup(&root, "channel", 1 << 16, 2);
+    let pod = parent.join(format!("pod{UID}"));
+    for n in 0..10 {
+        std::fs::create_dir_all(pod.join(container_id(n))).unwrap();
+    }
+    let seen = collect(&mut hints, |seen| {
+        seen.iter().any(|h| matches!(h, Hint::Resync { .. }))
+    })
+    .await;
+    assert_eq!(handle.dropped_events(), 0);
+    assert!(handle.hints_lost() >= 1);
+    // The two that fit, then the resync that stands for the rest.
+    assert_eq!(seen.len(), 3, "{seen:#?}");
+    drop(handle);
+}
