@@ -40,7 +40,5 @@ pub enum Hint {
     Pod(PodHint),
     /// Events may have been lost (ring-buffer reservations failed, or the reader fell behind): the
     /// PLEG must relist everything now.
-    Resync {
-        reason: String,
-    },
+    Resync { reason: String },
 }

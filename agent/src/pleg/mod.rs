@@ -6,8 +6,8 @@
 //! exposed through a cloneable [`PlegHandle`] so the sync loop can stall when the PLEG falls behind.
 
 mod generic;
-mod health;
 mod hints;
+mod health;
 
 pub use generic::GenericPleg;
 pub use health::PlegHandle;
