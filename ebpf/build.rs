@@ -46,7 +46,7 @@ fn run() -> Result<(), String> {
             .unwrap_or_default();
         if name.ends_with(".bpf.c") {
             sources.push(path);
-        } else if name.ends_with(".h") {
+        } else if path.extension().is_some_and(|e| e == "h") {
             println!("cargo:rerun-if-changed={}", path.display());
         }
     }

@@ -35,14 +35,13 @@ fn preconditions() -> Result<PathBuf, String> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
     mountinfo
         .lines()
-        .filter_map(|line| {
+        .find_map(|line| {
             let (left, right) = line.split_once(" - ")?;
             if !right.starts_with("cgroup2 ") {
                 return None;
             }
             left.split(' ').nth(4).map(PathBuf::from)
         })
-        .next()
         .ok_or_else(|| "no cgroup2 hierarchy mounted".into())
 }
 
@@ -112,7 +111,8 @@ fn setup(root: &Path, name: &str, ring_buffer_bytes: u32, channel: usize) -> Set
         ring_buffer_bytes,
         pin_dir: pin_dir.clone(),
     };
-    let handle = start(options, tx).unwrap();
+    let handle =
+        start(options, tx).unwrap_or_else(|e| panic!("starting the eBPF hint source: {e:?}"));
     Setup {
         handle,
         hints,
@@ -131,13 +131,15 @@ async fn collect(hints: &mut mpsc::Receiver<Hint>, done: impl Fn(&[Hint]) -> boo
         match tokio::time::timeout_at(deadline, hints.recv()).await {
             Ok(Some(hint)) => seen.push(hint),
             Ok(None) => panic!("the hint channel closed; got {seen:#?}"),
-            Err(_) => panic!("timed out waiting for hints; got {seen:#?}"),
+            Err(tokio::time::error::Elapsed { .. }) => {
+                panic!("timed out waiting for hints; got {seen:#?}")
+            }
         }
     }
     seen
 }
 
-fn pod_hint<'a>(hints: &'a [Hint], kind: HintKind) -> Option<&'a PodHint> {
+fn pod_hint(hints: &[Hint], kind: HintKind) -> Option<&PodHint> {
     hints.iter().find_map(|hint| match hint {
         Hint::Pod(pod) if pod.kind == kind => Some(pod),
         _ => None,
@@ -145,14 +147,13 @@ fn pod_hint<'a>(hints: &'a [Hint], kind: HintKind) -> Option<&'a PodHint> {
 }
 
 /// Runs `sh -c 'exit 3'` as pid 1 of a new pid namespace inside `cgroup` (joined before exec).
-fn run_init_in(cgroup: &Path) -> std::process::ExitStatus {
+fn run_init_in(cgroup: &Path) -> std::io::Result<std::process::ExitStatus> {
     let procs = CString::new(
         cgroup
             .join("cgroup.procs")
             .into_os_string()
             .into_encoded_bytes(),
-    )
-    .unwrap();
+    )?;
     let mut command = Command::new("unshare");
     command.args(["--pid", "--fork", "sh", "-c", "exit 3"]);
     // SAFETY: the closure only calls async-signal-safe functions (open, write, close).
@@ -170,7 +171,7 @@ fn run_init_in(cgroup: &Path) -> std::process::ExitStatus {
             Ok(())
         });
     }
-    command.status().unwrap()
+    command.status()
 }
 
 #[tokio::test]
@@ -218,7 +219,7 @@ async fn container_lifecycle_in_the_kernel_becomes_hints_and_pins_come_and_go() 
         .join(format!("pod{UID}"))
         .join(&id);
     std::fs::create_dir_all(&container).unwrap();
-    let status = run_init_in(&container);
+    let status = run_init_in(&container).unwrap();
     assert_eq!(status.code(), Some(3));
 
     let seen = collect(&mut hints, |seen| pod_hint(seen, HintKind::Died).is_some()).await;
@@ -254,7 +255,7 @@ async fn container_lifecycle_in_the_kernel_becomes_hints_and_pins_come_and_go() 
     assert!(
         !pin_dir.exists(),
         "the pins outlive the handle: {:?}",
-        std::fs::read_dir(&pin_dir).map(|d| d.count())
+        std::fs::read_dir(&pin_dir).map(Iterator::count)
     );
 }
 

@@ -296,42 +296,8 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
     }
 
     clear_stale_pins(&options.pin_dir)?;
-    let mut map_pins = Vec::new();
-    for name in ringlet_ebpf::MAPS {
-        let path = options.pin_dir.join(name);
-        let map = ebpf
-            .map(name)
-            .ok_or(EbpfError::MissingInObject { what: "map", name })?;
-        map.pin(&path).map_err(|source| EbpfError::Pin {
-            path: path.clone(),
-            source: Box::new(source),
-        })?;
-        map_pins.push(path);
-    }
-
-    let mut links = Vec::new();
-    let mut attached = Vec::new();
-    for (name, tracepoint) in ringlet_ebpf::PROGRAMS {
-        match attach(&mut ebpf, &btf, name, tracepoint) {
-            Ok(link) => {
-                let path = options.pin_dir.join(name);
-                let pinned = link.pin(&path).map_err(|source| EbpfError::Pin {
-                    path,
-                    source: Box::new(source),
-                })?;
-                links.push(pinned);
-                attached.push(name);
-            }
-            Err(error) if name == ringlet_ebpf::OPTIONAL_PROGRAM => {
-                tracing::warn!(
-                    error = %crate::ebpf::reader::chain(&error),
-                    "OOM victims are not reported from the kernel (mark_victim needs its 6.8 signature); \
-                     OOM kills still show as deaths by SIGKILL"
-                );
-            }
-            Err(error) => return Err(error),
-        }
-    }
+    let map_pins = pin_maps(&ebpf, &options.pin_dir)?;
+    let (links, attached) = attach_all(&mut ebpf, &btf, &options.pin_dir)?;
 
     let events_map = take_map(&mut ebpf, ringlet_ebpf::EVENTS_MAP)?;
     let ring = RingBuf::try_from(events_map).map_err(|e| map_error(ringlet_ebpf::EVENTS_MAP, e))?;
@@ -381,6 +347,54 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
         attached,
         _ebpf: ebpf,
     })
+}
+
+fn pin_maps(ebpf: &aya::Ebpf, pin_dir: &Path) -> Result<Vec<PathBuf>, EbpfError> {
+    let mut map_pins = Vec::new();
+    for name in ringlet_ebpf::MAPS {
+        let path = pin_dir.join(name);
+        let map = ebpf
+            .map(name)
+            .ok_or(EbpfError::MissingInObject { what: "map", name })?;
+        map.pin(&path).map_err(|source| EbpfError::Pin {
+            path: path.clone(),
+            source: Box::new(source),
+        })?;
+        map_pins.push(path);
+    }
+    Ok(map_pins)
+}
+
+/// Loads and attaches every program and pins its link; only the OOM program may fail (logged).
+fn attach_all(
+    ebpf: &mut aya::Ebpf,
+    btf: &Btf,
+    pin_dir: &Path,
+) -> Result<(Vec<PinnedLink>, Vec<&'static str>), EbpfError> {
+    let mut links = Vec::new();
+    let mut attached = Vec::new();
+    for (name, tracepoint) in ringlet_ebpf::PROGRAMS {
+        match attach(ebpf, btf, name, tracepoint) {
+            Ok(link) => {
+                let path = pin_dir.join(name);
+                let pinned = link.pin(&path).map_err(|source| EbpfError::Pin {
+                    path,
+                    source: Box::new(source),
+                })?;
+                links.push(pinned);
+                attached.push(name);
+            }
+            Err(error) if name == ringlet_ebpf::OPTIONAL_PROGRAM => {
+                tracing::warn!(
+                    error = %reader::chain(&error),
+                    "OOM victims are not reported from the kernel (mark_victim needs its 6.8 signature); \
+                     OOM kills still show as deaths by SIGKILL"
+                );
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok((links, attached))
 }
 
 fn attach(
@@ -499,7 +513,7 @@ fn clear_stale_pins(pin_dir: &Path) -> Result<(), EbpfError> {
     Ok(())
 }
 
-/// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK; later ones to the memory
+/// Kernels before 5.11 charge BPF maps and programs to `RLIMIT_MEMLOCK`; later ones to the memory
 /// cgroup. `bpf_ktime_get_coarse_ns` arrived in the same release, so its presence says which
 /// (libbpf decides the same way).
 fn raise_memlock_if_needed() -> Result<(), EbpfError> {

@@ -163,6 +163,10 @@ mod tests {
     const UID: &str = "0b5c5e0e-8e1f-4d5c-9a3e-2f4b6c7d8e9f";
     const ID: &str = "4f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 
+    #[expect(
+        clippy::unnecessary_wraps,
+        reason = "compared with what parse_cgroup_path returns"
+    )]
     fn owner(container: Option<&str>, leaf: bool) -> Option<CgroupOwner> {
         Some(CgroupOwner {
             pod: PodUid::new(UID),

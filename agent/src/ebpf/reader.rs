@@ -204,9 +204,10 @@ impl Reader {
 fn drain(ring: &mut RingBuf<MapData>) -> Vec<RawEvent> {
     let mut events = Vec::new();
     while let Some(item) = ring.next() {
-        match RawEvent::from_bytes(&item) {
-            Some(event) => events.push(event),
-            None => tracing::warn!(len = item.len(), "short record on the BPF ring buffer"),
+        if let Some(event) = RawEvent::from_bytes(&item) {
+            events.push(event);
+        } else {
+            tracing::warn!(len = item.len(), "short record on the BPF ring buffer");
         }
     }
     events
