@@ -146,32 +146,73 @@ fn pod_hint(hints: &[Hint], kind: HintKind) -> Option<&PodHint> {
     })
 }
 
-/// Runs `sh -c 'exit 3'` as pid 1 of a new pid namespace inside `cgroup` (joined before exec).
-fn run_init_in(cgroup: &Path) -> std::io::Result<std::process::ExitStatus> {
-    let procs = CString::new(
-        cgroup
-            .join("cgroup.procs")
-            .into_os_string()
-            .into_encoded_bytes(),
-    )?;
-    let mut command = Command::new("unshare");
-    command.args(["--pid", "--fork", "sh", "-c", "exit 3"]);
+/// Runs `args` with the child moved into every cgroup whose `cgroup.procs` is in `procs` (before
+/// exec, so the exec happens there).
+fn run_in(procs: &[PathBuf], args: &[&str]) -> std::io::Result<std::process::ExitStatus> {
+    let procs = procs
+        .iter()
+        .map(|p| CString::new(p.clone().into_os_string().into_encoded_bytes()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut command = Command::new(args[0]);
+    command.args(&args[1..]);
     // SAFETY: the closure only calls async-signal-safe functions (open, write, close).
     unsafe {
         command.pre_exec(move || {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
-            if written != 1 {
-                return Err(std::io::Error::last_os_error());
+            for file in &procs {
+                let fd = libc::open(file.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
     }
     command.status()
+}
+
+/// `bpftool` (when installed) dumps the pinned maps and finds the programs by name and the pinned
+/// links.
+fn check_with_bpftool(handle: &EbpfHandle, pin_dir: &Path) {
+    if Command::new("bpftool").arg("version").output().is_ok() {
+        for map in [ringlet_ebpf::DROPS_MAP, ringlet_ebpf::STARTED_MAP] {
+            let out = Command::new("bpftool")
+                .args(["map", "dump", "pinned"])
+                .arg(pin_dir.join(map))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "bpftool map dump {map}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for name in handle.attached_programs() {
+            let out = Command::new("bpftool")
+                .args(["prog", "show", "name", name])
+                .output()
+                .unwrap();
+            let listing = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                listing.contains(&format!("name {name} ")),
+                "bpftool prog show name {name}: {listing}"
+            );
+            let out = Command::new("bpftool")
+                .args(["link", "show", "pinned"])
+                .arg(pin_dir.join(name))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "bpftool link show pinned {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -198,20 +239,7 @@ async fn container_lifecycle_in_the_kernel_becomes_hints_and_pins_come_and_go() 
         ringlet_ebpf::PROGRAMS.len(),
         "every program attaches on this kernel"
     );
-    if Command::new("bpftool").arg("version").output().is_ok() {
-        for map in [ringlet_ebpf::DROPS_MAP, ringlet_ebpf::STARTED_MAP] {
-            let out = Command::new("bpftool")
-                .args(["map", "dump", "pinned"])
-                .arg(pin_dir.join(map))
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "bpftool map dump {map}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
+    check_with_bpftool(&handle, &pin_dir);
 
     let id = container_id(1);
     let container = parent
@@ -219,7 +247,12 @@ async fn container_lifecycle_in_the_kernel_becomes_hints_and_pins_come_and_go() 
         .join(format!("pod{UID}"))
         .join(&id);
     std::fs::create_dir_all(&container).unwrap();
-    let status = run_init_in(&container).unwrap();
+    // `sh -c 'exit 3'` as pid 1 of a new pid namespace, in the container cgroup.
+    let status = run_in(
+        &[container.join("cgroup.procs")],
+        &["unshare", "--pid", "--fork", "sh", "-c", "exit 3"],
+    )
+    .unwrap();
     assert_eq!(status.code(), Some(3));
 
     let seen = collect(&mut hints, |seen| pod_hint(seen, HintKind::Died).is_some()).await;
@@ -318,5 +351,101 @@ async fn a_full_hint_channel_becomes_one_resync_once_there_is_room() {
     assert!(handle.hints_lost() >= 1);
     // The two that fit, then the resync that stands for the rest.
     assert_eq!(seen.len(), 3, "{seen:#?}");
+    drop(handle);
+}
+
+#[tokio::test]
+async fn pins_left_by_a_crashed_run_are_replaced() {
+    let Some(root) = require() else { return };
+    let crashed = setup(&root, "stale", 1 << 16, 16);
+    let pin_dir = crashed.pin_dir.clone();
+    let stale_id = std::fs::metadata(pin_dir.join(ringlet_ebpf::EVENTS_MAP)).map(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.ino()
+    });
+    // A crash: nothing runs the handle's clean-up, the pins stay.
+    let Setup {
+        handle,
+        hints: _stale_hints,
+        parent,
+        _pins,
+        _cgroups,
+        ..
+    } = crashed;
+    std::mem::forget(handle);
+
+    let (tx, mut hints) = mpsc::channel(16);
+    let options = EbpfOptions {
+        pods_cgroup: parent.clone(),
+        ring_buffer_bytes: 1 << 16,
+        pin_dir: pin_dir.clone(),
+    };
+    let handle = start(options, tx).unwrap();
+    let fresh_id = std::fs::metadata(pin_dir.join(ringlet_ebpf::EVENTS_MAP)).map(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.ino()
+    });
+    assert_ne!(
+        stale_id.unwrap(),
+        fresh_id.unwrap(),
+        "the stale pin was not replaced"
+    );
+    std::fs::create_dir_all(parent.join(format!("pod{UID}")).join(container_id(7))).unwrap();
+    collect(&mut hints, |seen| {
+        pod_hint(seen, HintKind::CgroupCreated).is_some()
+    })
+    .await;
+    drop(handle);
+    assert!(!pin_dir.exists());
+}
+
+#[tokio::test]
+async fn an_oom_kill_is_reported_for_the_victims_container() {
+    let Some(root) = require() else { return };
+    let Setup {
+        handle,
+        mut hints,
+        parent,
+        _pins,
+        _cgroups,
+        ..
+    } = setup(&root, "oom", 1 << 16, 1024);
+    let id = container_id(9);
+    let pod = parent.join(format!("pod{UID}"));
+    let container = pod.join(&id);
+    std::fs::create_dir_all(&container).unwrap();
+    let limit = (32_u64 << 20).to_string();
+    let mut procs = vec![container.join("cgroup.procs")];
+    // On a hybrid host the memory controller lives in cgroup v1; on a pure v2 host in the tree itself.
+    let memory_v1 = PathBuf::from("/sys/fs/cgroup/memory");
+    let _memory = if memory_v1.join("memory.limit_in_bytes").exists() {
+        let dir = memory_v1.join(format!("ringlet-test-oom-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let guard = CgroupTree(dir.clone());
+        std::fs::write(dir.join("memory.limit_in_bytes"), &limit).unwrap();
+        procs.push(dir.join("cgroup.procs"));
+        Some(guard)
+    } else {
+        for dir in [root.as_path(), parent.as_path(), pod.as_path()] {
+            std::fs::write(dir.join("cgroup.subtree_control"), "+memory").unwrap();
+        }
+        std::fs::write(container.join("memory.max"), &limit).unwrap();
+        let _ = std::fs::write(container.join("memory.swap.max"), "0");
+        None
+    };
+    // tail buffers a line that never ends until the OOM killer picks it.
+    let status = run_in(&procs, &["sh", "-c", "head -c 1000000000 /dev/zero | tail"]).unwrap();
+    assert!(
+        !status.success(),
+        "the memory hog was not killed: {status:?}"
+    );
+
+    let seen = collect(&mut hints, |seen| {
+        pod_hint(seen, HintKind::OomKilled).is_some()
+    })
+    .await;
+    let oom = pod_hint(&seen, HintKind::OomKilled).unwrap();
+    assert_eq!(oom.pod, PodUid::new(UID));
+    assert_eq!(oom.container, Some(ContainerId::new(id)));
     drop(handle);
 }
