@@ -184,7 +184,7 @@ fn check_with_bpftool(handle: &EbpfHandle, pin_dir: &Path) {
                 .args(["map", "dump", "pinned"])
                 .arg(pin_dir.join(map))
                 .output()
-                .unwrap();
+                .unwrap_or_else(|e| panic!("running bpftool: {e}"));
             assert!(
                 out.status.success(),
                 "bpftool map dump {map}: {}",
@@ -195,7 +195,7 @@ fn check_with_bpftool(handle: &EbpfHandle, pin_dir: &Path) {
             let out = Command::new("bpftool")
                 .args(["prog", "show", "name", name])
                 .output()
-                .unwrap();
+                .unwrap_or_else(|e| panic!("running bpftool: {e}"));
             let listing = String::from_utf8_lossy(&out.stdout);
             assert!(
                 listing.contains(&format!("name {name} ")),
@@ -205,7 +205,7 @@ fn check_with_bpftool(handle: &EbpfHandle, pin_dir: &Path) {
                 .args(["link", "show", "pinned"])
                 .arg(pin_dir.join(name))
                 .output()
-                .unwrap();
+                .unwrap_or_else(|e| panic!("running bpftool: {e}"));
             assert!(
                 out.status.success(),
                 "bpftool link show pinned {name}: {}",
