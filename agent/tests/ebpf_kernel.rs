@@ -449,3 +449,29 @@ async fn an_oom_kill_is_reported_for_the_victims_container() {
     assert_eq!(oom.container, Some(ContainerId::new(id)));
     drop(handle);
 }
+
+#[tokio::test]
+async fn a_pods_cgroup_outside_cgroup2_is_refused_before_anything_is_pinned() {
+    if require().is_none() {
+        return;
+    }
+    let not_a_cgroup = tempfile::tempdir().unwrap();
+    let pin_dir = PathBuf::from(format!(
+        "/sys/fs/bpf/ringlet-test-refused-{}",
+        std::process::id()
+    ));
+    let _pins = PinDir(pin_dir.clone());
+    let (tx, _hints) = mpsc::channel(1);
+    let options = EbpfOptions {
+        pods_cgroup: not_a_cgroup.path().join("kubepods"),
+        ring_buffer_bytes: 1 << 16,
+        pin_dir: pin_dir.clone(),
+    };
+    let error = start(options, tx).unwrap_err();
+    assert!(
+        matches!(error, ringlet::ebpf::EbpfError::NotCgroup2 { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("cgroup2"), "{error}");
+    assert!(!pin_dir.exists());
+}

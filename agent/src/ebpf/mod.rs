@@ -150,9 +150,7 @@ pub(crate) struct Counters {
 /// pins.
 pub struct EbpfHandle {
     reader: JoinHandle<()>,
-    links: Vec<PinnedLink>,
-    map_pins: Vec<PathBuf>,
-    pin_dir: PathBuf,
+    pins: Pins,
     drops: Arc<PerCpuArray<MapData, u64>>,
     counters: Arc<Counters>,
     attached: Vec<&'static str>,
@@ -163,7 +161,7 @@ pub struct EbpfHandle {
 impl std::fmt::Debug for EbpfHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EbpfHandle")
-            .field("pin_dir", &self.pin_dir)
+            .field("pin_dir", &self.pins.dir)
             .field("attached", &self.attached)
             .finish_non_exhaustive()
     }
@@ -197,26 +195,40 @@ impl EbpfHandle {
 
     /// The directory maps and links are pinned in.
     pub fn pin_dir(&self) -> &Path {
-        &self.pin_dir
+        &self.pins.dir
     }
 }
 
 impl Drop for EbpfHandle {
     fn drop(&mut self) {
+        // The pins go when the fields drop, after this.
         self.reader.abort();
+    }
+}
+
+/// What is pinned in the pin directory; removed on drop, so a start that fails half-way leaves
+/// nothing attached and a clean shutdown leaves no pins.
+struct Pins {
+    dir: PathBuf,
+    maps: Vec<PathBuf>,
+    links: Vec<PinnedLink>,
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
         for link in self.links.drain(..) {
             // Unpinning removes the file; dropping the returned link detaches the program.
             if let Err(error) = link.unpin() {
                 tracing::warn!(%error, "removing a pinned BPF link");
             }
         }
-        for path in &self.map_pins {
+        for path in &self.maps {
             if let Err(error) = std::fs::remove_file(path) {
                 tracing::warn!(%error, path = %path.display(), "removing a pinned BPF map");
             }
         }
-        if let Err(error) = std::fs::remove_dir(&self.pin_dir) {
-            tracing::debug!(%error, path = %self.pin_dir.display(), "removing the BPF pin directory");
+        if let Err(error) = std::fs::remove_dir(&self.dir) {
+            tracing::debug!(%error, path = %self.dir.display(), "removing the BPF pin directory");
         }
     }
 }
@@ -265,7 +277,8 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
     check_bpffs(&options.pin_dir)?;
     raise_memlock_if_needed()?;
 
-    let pods = &options.pods_cgroup;
+    let pods_cgroup = options.pods_cgroup;
+    let pods = pods_cgroup.as_path();
     std::fs::create_dir_all(pods)
         .map_err(|source| io_error("creating the pods' parent cgroup", pods, source))?;
     let pods_dir = File::open(pods)
@@ -296,8 +309,13 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
     }
 
     clear_stale_pins(&options.pin_dir)?;
-    let map_pins = pin_maps(&ebpf, &options.pin_dir)?;
-    let (links, attached) = attach_all(&mut ebpf, &btf, &options.pin_dir)?;
+    let mut pins = Pins {
+        dir: options.pin_dir,
+        maps: Vec::new(),
+        links: Vec::new(),
+    };
+    pin_maps(&ebpf, &mut pins)?;
+    let attached = attach_all(&mut ebpf, &btf, &mut pins)?;
 
     let events_map = take_map(&mut ebpf, ringlet_ebpf::EVENTS_MAP)?;
     let ring = RingBuf::try_from(events_map).map_err(|e| map_error(ringlet_ebpf::EVENTS_MAP, e))?;
@@ -307,7 +325,7 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
         .map_err(|error| {
             io_error(
                 "registering the ring buffer with tokio",
-                &options.pin_dir.join(ringlet_ebpf::EVENTS_MAP),
+                &pins.dir.join(ringlet_ebpf::EVENTS_MAP),
                 error.into_parts().1,
             )
         })?;
@@ -316,7 +334,7 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
         PerCpuArray::try_from(drops_map).map_err(|e| map_error(ringlet_ebpf::DROPS_MAP, e))?,
     );
 
-    let mut owners = CgroupOwners::new(pods.clone());
+    let mut owners = CgroupOwners::new(pods.to_path_buf());
     owners.scan();
     let counters = Arc::new(Counters::default());
     let reader = tokio::spawn(
@@ -333,15 +351,13 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
         pods_cgroup = %pods.display(),
         pods_cgroup_id = pods_id,
         level,
-        pin_dir = %options.pin_dir.display(),
+        pin_dir = %pins.dir.display(),
         programs = ?attached,
         "eBPF hint source running"
     );
     Ok(EbpfHandle {
         reader,
-        links,
-        map_pins,
-        pin_dir: options.pin_dir,
+        pins,
         drops,
         counters,
         attached,
@@ -349,10 +365,9 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
     })
 }
 
-fn pin_maps(ebpf: &aya::Ebpf, pin_dir: &Path) -> Result<Vec<PathBuf>, EbpfError> {
-    let mut map_pins = Vec::new();
+fn pin_maps(ebpf: &aya::Ebpf, pins: &mut Pins) -> Result<(), EbpfError> {
     for name in ringlet_ebpf::MAPS {
-        let path = pin_dir.join(name);
+        let path = pins.dir.join(name);
         let map = ebpf
             .map(name)
             .ok_or(EbpfError::MissingInObject { what: "map", name })?;
@@ -360,28 +375,27 @@ fn pin_maps(ebpf: &aya::Ebpf, pin_dir: &Path) -> Result<Vec<PathBuf>, EbpfError>
             path: path.clone(),
             source: Box::new(source),
         })?;
-        map_pins.push(path);
+        pins.maps.push(path);
     }
-    Ok(map_pins)
+    Ok(())
 }
 
 /// Loads and attaches every program and pins its link; only the OOM program may fail (logged).
 fn attach_all(
     ebpf: &mut aya::Ebpf,
     btf: &Btf,
-    pin_dir: &Path,
-) -> Result<(Vec<PinnedLink>, Vec<&'static str>), EbpfError> {
-    let mut links = Vec::new();
+    pins: &mut Pins,
+) -> Result<Vec<&'static str>, EbpfError> {
     let mut attached = Vec::new();
     for (name, tracepoint) in ringlet_ebpf::PROGRAMS {
         match attach(ebpf, btf, name, tracepoint) {
             Ok(link) => {
-                let path = pin_dir.join(name);
+                let path = pins.dir.join(name);
                 let pinned = link.pin(&path).map_err(|source| EbpfError::Pin {
                     path,
                     source: Box::new(source),
                 })?;
-                links.push(pinned);
+                pins.links.push(pinned);
                 attached.push(name);
             }
             Err(error) if name == ringlet_ebpf::OPTIONAL_PROGRAM => {
@@ -394,7 +408,7 @@ fn attach_all(
             Err(error) => return Err(error),
         }
     }
-    Ok((links, attached))
+    Ok(attached)
 }
 
 fn attach(
