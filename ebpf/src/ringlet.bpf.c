@@ -57,8 +57,9 @@ static __always_inline void count_drop(void)
 	__u32 zero = 0;
 	__u64 *drops = bpf_map_lookup_elem(&ringlet_drops, &zero);
 
+	/* Atomic: tracing programs run with only migration disabled, so two can interleave here. */
 	if (drops)
-		*drops += 1;
+		__sync_fetch_and_add(drops, 1);
 }
 
 static __always_inline struct ringlet_event *reserve(__u32 kind, __u64 cgroup_id)
@@ -170,8 +171,10 @@ static __always_inline int pid_in_own_namespace(struct task_struct *task)
 	return nr;
 }
 
-/* sched_process_exit carries a group_dead flag only since 6.16; signal->live (decremented before
- * the tracepoint fires) says the same on every kernel. */
+/* Recent kernels pass a group_dead flag to sched_process_exit, older ones do not; signal->live
+ * (decremented before the tracepoint fires) says the same on every kernel. The container's init is
+ * the first process that exec'd in the cgroup, or pid 1 of its own pid namespace (when the agent
+ * started after the container). */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(ringlet_exit, struct task_struct *task)
 {

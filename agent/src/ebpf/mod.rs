@@ -2,6 +2,21 @@
 //! them to the cgroup, sched and oom tracepoints, pins maps and links under a bpffs directory for
 //! inspection, and runs the ring-buffer reader that turns kernel events into PLEG hints. The kubelet
 //! has no counterpart (its Evented PLEG took events from the runtime instead).
+//!
+//! Kernel requirements (the probe and the loader name whichever is missing): BTF
+//! (`/sys/kernel/btf/vmlinux`), BPF ring buffers (5.8), `tp_btf` programs (5.5), bpffs for the pins,
+//! root or `CAP_BPF` + `CAP_PERFMON`. The pods' parent must be a cgroup2 directory (on a hybrid host
+//! the one under `/sys/fs/cgroup/unified`, where runc creates every container cgroup too), and the
+//! agent must see the host's cgroup namespace. Per kernel version:
+//! - before 5.11 BPF memory counts against `RLIMIT_MEMLOCK`, which is then raised;
+//! - before 6.2 a cgroup keeps `ancestor_ids[]` instead of `ancestors[]`; the programs read
+//!   whichever exists (CO-RE `bpf_core_field_exists`);
+//! - before 6.8 `mark_victim` passes only a pid, so the OOM program does not load: the loader logs
+//!   it and runs without it (an OOM kill then shows as a death by SIGKILL);
+//! - `sched_process_exit` has a `group_dead` argument on recent kernels (6.18 here), not on older
+//!   ones; the program reads `task->signal->live` instead, which means the same on every kernel.
+//!
+//! So 5.10 runs everything but the OOM program (not tested here: this machine runs 6.18).
 
 mod paths;
 mod reader;
