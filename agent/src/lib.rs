@@ -6,6 +6,7 @@ pub mod apis;
 pub mod cli;
 pub mod cm;
 pub mod container;
+pub mod ebpf;
 pub mod event_stream;
 pub mod events;
 pub mod kubelet;
