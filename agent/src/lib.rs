@@ -7,6 +7,7 @@ pub mod cli;
 pub mod cm;
 pub mod container;
 pub mod ebpf;
+pub mod error_chain;
 pub mod event_stream;
 pub mod events;
 pub mod kubelet;

@@ -13,6 +13,9 @@ use ringlet::apis::config::{self, AgentConfig, KubeletConfiguration};
 use ringlet::cli;
 use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
+use ringlet::ebpf;
+use ringlet::error_chain::error_chain;
+use ringlet::event_stream::{self, EventBroadcaster};
 use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
@@ -89,24 +92,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
     let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
-    let helper = Arc::new(NodeHelper {
-        node_name: config.node_name.clone(),
-        host_ip: ringlet::kubelet::node_ip().to_string(),
-        root_dir: config.root_dir.clone(),
-        pod_log_root: PathBuf::from(POD_LOG_ROOT),
-        pod_cgroups: Arc::clone(&pod_cgroups),
-    });
-    let cri = CriClient::new(&kc.container_runtime_endpoint, kc.runtime_request_timeout)
-        .context("cannot set up the CRI client")?;
-    let runtime: Arc<dyn Runtime> = Arc::new(KubeGenericRuntimeManager::new(
-        cri,
-        helper,
-        recorder.clone(),
-        RuntimeSettings {
-            memory_capacity_bytes: memory_capacity_bytes(),
-            ..RuntimeSettings::default()
-        },
-    ));
+    let runtime = build_runtime(&config, &pod_cgroups, &recorder)?;
     let (updates, sources_ready) = podconfig::start(
         PodConfigOptions {
             node_name: config.node_name.clone(),
@@ -119,11 +105,20 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         recorder.clone(),
     );
     let metrics = Metrics::new().context("cannot set up the metrics")?;
-    if kc.pleg_mode == config::PlegModeSetting::Ebpf {
-        tracing::warn!(
-            "--pleg-mode=ebpf: the eBPF hint source is not built in yet, running the relist PLEG"
-        );
-    }
+    let hint_source = if config.runonce {
+        None
+    } else {
+        ebpf::start_hint_source(
+            kc.pleg_mode,
+            pod_cgroups.pods_cgroup2_dir(),
+            config.ebpf_ring_buffer_bytes,
+            &metrics,
+        )
+    };
+    let (pleg_hints, ebpf_handle) = hint_source
+        .map(|source| (source.hints, source.handle))
+        .unzip();
+    let broadcaster = EventBroadcaster::default();
     let kubelet = Kubelet::new(
         KubeletSettings {
             node_name: config.node_name.clone(),
@@ -138,9 +133,9 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         runtime,
         pod_cgroups,
         recorder,
-        // The eBPF hint source is not wired yet: every --pleg-mode runs the relist PLEG for now.
-        None,
+        pleg_hints,
         metrics,
+        broadcaster.clone(),
     );
 
     if config.runonce {
@@ -151,7 +146,15 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         return Ok(report_run_once(&results));
     }
 
-    let (stop_servers, servers) = start_servers(kc, kubelet.server_host()).await?;
+    let (stop_servers, mut servers) = start_servers(kc, kubelet.server_host()).await?;
+    let mut stopped = stop_servers.subscribe();
+    servers.push(tokio::spawn(serve_events(
+        config.events_socket.clone(),
+        broadcaster,
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        },
+    )));
     tracing::info!(node = %config.node_name, "ringlet started");
     tokio::select! {
         () = kubelet.run(updates, sources_ready) => {}
@@ -160,10 +163,50 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
     let _ = stop_servers.send(true);
     for server in servers {
         if let Ok(Err(err)) = server.await {
-            tracing::warn!(%err, "server stopped with an error");
+            tracing::warn!("server stopped with an error: {err}");
         }
     }
+    drop(ebpf_handle);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves the event API for `ringlet events`; a failure only costs that API, not the agent.
+async fn serve_events(
+    path: PathBuf,
+    broadcaster: EventBroadcaster,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tracing::info!(socket = %path.display(), "serving the event API");
+    event_stream::serve(&path, broadcaster, shutdown)
+        .await
+        .map_err(|err| anyhow::anyhow!(error_chain(&err)))
+}
+
+/// The CRI runtime manager over the configured endpoint (connected lazily).
+fn build_runtime(
+    config: &AgentConfig,
+    pod_cgroups: &Arc<PodContainerManager>,
+    recorder: &Recorder,
+) -> anyhow::Result<Arc<dyn Runtime>> {
+    let kc = &config.kubelet;
+    let helper = Arc::new(NodeHelper {
+        node_name: config.node_name.clone(),
+        host_ip: ringlet::kubelet::node_ip().to_string(),
+        root_dir: config.root_dir.clone(),
+        pod_log_root: PathBuf::from(POD_LOG_ROOT),
+        pod_cgroups: Arc::clone(pod_cgroups),
+    });
+    let cri = CriClient::new(&kc.container_runtime_endpoint, kc.runtime_request_timeout)
+        .context("cannot set up the CRI client")?;
+    Ok(Arc::new(KubeGenericRuntimeManager::new(
+        cri,
+        helper,
+        recorder.clone(),
+        RuntimeSettings {
+            memory_capacity_bytes: memory_capacity_bytes(),
+            ..RuntimeSettings::default()
+        },
+    )))
 }
 
 /// Prints one line per pod and a summary; fails when any pod failed.
@@ -190,7 +233,7 @@ fn report_run_once(results: &[RunPodResult]) -> ExitCode {
     }
 }
 
-type ServerTasks = Vec<tokio::task::JoinHandle<Result<(), server::ServerError>>>;
+type ServerTasks = Vec<tokio::task::JoinHandle<anyhow::Result<()>>>;
 
 /// Binds the healthz and read-only listeners (a bind error is fatal) and serves them until the
 /// returned sender says stop.
@@ -209,20 +252,14 @@ async fn start_servers(
     if let Some(addr) = kc.healthz_addr() {
         let listener = server::bind(addr).await?;
         tracing::info!(%addr, "serving healthz");
-        servers.push(tokio::spawn(server::serve_healthz(
-            listener,
-            host.clone(),
-            shutdown(),
-        )));
+        let serving = server::serve_healthz(listener, host.clone(), shutdown());
+        servers.push(tokio::spawn(async move { Ok(serving.await?) }));
     }
     if let Some(addr) = kc.read_only_addr() {
         let listener = server::bind(addr).await?;
         tracing::info!(%addr, "serving the read-only API");
-        servers.push(tokio::spawn(server::serve_read_only(
-            listener,
-            host.clone(),
-            shutdown(),
-        )));
+        let serving = server::serve_read_only(listener, host.clone(), shutdown());
+        servers.push(tokio::spawn(async move { Ok(serving.await?) }));
     }
     Ok((stop_servers, servers))
 }

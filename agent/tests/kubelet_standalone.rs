@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use ringlet::apis::config::CgroupDriver;
 use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
+use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
 use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
@@ -122,6 +123,7 @@ impl Agent {
             recorder,
             None,
             Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
+            EventBroadcaster::default(),
         );
         let host: Arc<dyn ServerHost> = kubelet.server_host();
         before_run(&fake);

@@ -17,6 +17,7 @@ use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 
 use crate::container::{ContainerId, PodUid};
+use crate::error_chain::error_chain;
 use crate::event_stream::{
     DEFAULT_SOCKET_PATH, LifecycleKind, LifecycleRecord, from_unix_nanos, unix_nanos,
 };
@@ -346,18 +347,6 @@ pub(crate) async fn print_events(
             .map_err(|source| EventsError::Write { source })?;
     }
     Ok(())
-}
-
-/// The error and its causes, joined by `: `.
-fn error_chain(err: &EventsError) -> String {
-    let mut text = err.to_string();
-    let mut cause = std::error::Error::source(err);
-    while let Some(current) = cause {
-        text.push_str(": ");
-        text.push_str(&current.to_string());
-        cause = current.source();
-    }
-    text
 }
 
 #[cfg(test)]

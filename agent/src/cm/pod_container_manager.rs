@@ -131,6 +131,18 @@ impl PodContainerManager {
         self.driver
     }
 
+    /// The cgroup2 directory of the pods' parent (`kubepods`, `kubepods.slice` with systemd), under
+    /// which the eBPF programs watch container cgroups; `None` when the host mounts no cgroup2.
+    pub fn pods_cgroup2_dir(&self) -> Option<PathBuf> {
+        let mount = if self.hierarchies.v2 {
+            PathBuf::from(UNIFIED_MOUNTPOINT)
+        } else {
+            self.hierarchies.unified.clone()?
+        };
+        let kubepods = self.root.child(KUBEPODS).to_driver_path(self.driver);
+        Some(mount.join(kubepods.trim_start_matches('/')))
+    }
+
     /// The `QoS` parent: `kubepods` for Guaranteed pods, `kubepods/<qos>` for the others.
     pub fn qos_cgroup_name(&self, qos: QosClass) -> CgroupName {
         let kubepods = self.root.child(KUBEPODS);

@@ -18,6 +18,7 @@
 //!
 //! So 5.10 runs everything but the OOM program (not tested here: this machine runs 6.18).
 
+mod hint_source;
 mod paths;
 mod reader;
 
@@ -39,6 +40,7 @@ use tokio::task::JoinHandle;
 
 use crate::pleg::Hint;
 
+pub use hint_source::{HintSource, start_hint_source};
 pub use paths::{CgroupOwner, CgroupOwners, parse_cgroup_path};
 pub use reader::decode;
 

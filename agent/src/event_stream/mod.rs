@@ -175,7 +175,7 @@ impl EventBroadcaster {
         self.sender.receiver_count()
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<LifecycleRecord> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<LifecycleRecord> {
         self.sender.subscribe()
     }
 }

@@ -21,6 +21,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::cm::PodContainerManager;
 use crate::container::{PodCache, Runtime};
+use crate::event_stream::EventBroadcaster;
 use crate::events::{EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::pleg::{
@@ -86,7 +87,7 @@ impl Kubelet {
     /// Assembles the agent core. `pleg_hints` is the receiving end of the eBPF hint source: with it
     /// the PLEG runs in ebpf mode (targeted relists, slow safety relist), without it in relist mode.
     /// `metrics` is shared with whoever else reports into it (the eBPF reader) and is served on
-    /// `/metrics`.
+    /// `/metrics`. Every PLEG event also goes to `broadcaster` for `ringlet events`.
     pub fn new(
         settings: KubeletSettings,
         runtime: Arc<dyn Runtime>,
@@ -94,6 +95,7 @@ impl Kubelet {
         recorder: Recorder,
         pleg_hints: Option<mpsc::Receiver<Hint>>,
         metrics: Metrics,
+        broadcaster: EventBroadcaster,
     ) -> Self {
         let cache = Arc::new(PodCache::new());
         let latency = LatencyTracker::new(metrics.clone());
@@ -105,6 +107,7 @@ impl Kubelet {
                 hints: pleg_hints,
                 metrics: metrics.clone(),
                 latency: latency.clone(),
+                broadcaster,
             },
         );
         tracing::info!(mode = %pleg_handle.mode(), "pleg mode");

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
@@ -25,6 +25,7 @@ use super::{
 use crate::container::{
     ContainerId, ContainerState, PodCache, PodUid, RunningPod, Runtime, SandboxState,
 };
+use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::{HintLabel, Metrics, RelistType};
 
 /// The PLEG's coarse view of a container or sandbox (the kubelet's `plegContainerState`).
@@ -54,6 +55,8 @@ pub struct PlegOptions {
     pub metrics: Metrics,
     /// Where the PLEG leaves hint times for the kernel → status latency.
     pub latency: LatencyTracker,
+    /// Where `ringlet events` watchers get every event the PLEG sends.
+    pub broadcaster: EventBroadcaster,
 }
 
 /// What the idle PLEG woke up for.
@@ -80,6 +83,7 @@ pub struct GenericPleg {
     full_relist_requested: bool,
     metrics: Metrics,
     latency: LatencyTracker,
+    broadcaster: EventBroadcaster,
 }
 
 impl GenericPleg {
@@ -114,6 +118,7 @@ impl GenericPleg {
             full_relist_requested: false,
             metrics: options.metrics,
             latency: options.latency,
+            broadcaster: options.broadcaster,
         };
         let threshold = RELIST_THRESHOLD.max(pleg.relist_period * 2);
         (pleg, PlegHandle::new(shared, threshold), receiver)
@@ -485,10 +490,16 @@ impl GenericPleg {
             .queue
             .hint_time(&event.pod, event.kind, event.container.as_ref());
         let pod = event.pod.clone();
+        let record = (self.broadcaster.watcher_count() > 0)
+            .then(|| self.lifecycle_record(&event, hint_time))
+            .flatten();
         match self.events.try_send(event) {
             Ok(()) => {
                 if let Some(kernel_time_ns) = hint_time {
                     self.latency.event_emitted(&pod, kernel_time_ns);
+                }
+                if let Some(record) = record {
+                    self.broadcaster.publish(record);
                 }
             }
             Err(TrySendError::Closed(_)) => {}
@@ -499,6 +510,57 @@ impl GenericPleg {
                     "pleg event channel is full, discarding event");
             }
         }
+    }
+}
+
+impl GenericPleg {
+    /// What `ringlet events` shows of an event: names and exit code from the status just cached.
+    fn lifecycle_record(
+        &self,
+        event: &PodLifecycleEvent,
+        hint_time: Option<u64>,
+    ) -> Option<LifecycleRecord> {
+        let status = self.cache.get(&event.pod);
+        let container = status.as_ref().and_then(|s| {
+            let id = event.container.as_ref()?;
+            s.containers.iter().find(|c| &c.id == id)
+        });
+        let kind = match event.kind {
+            PodLifecycleEventKind::ContainerStarted => LifecycleKind::Started,
+            PodLifecycleEventKind::ContainerDied
+                if container.is_some_and(|c| c.reason == "OOMKilled") =>
+            {
+                LifecycleKind::OomKilled
+            }
+            PodLifecycleEventKind::ContainerDied => LifecycleKind::Died,
+            PodLifecycleEventKind::ContainerRemoved => LifecycleKind::Removed,
+            PodLifecycleEventKind::PodSync => LifecycleKind::PodSync,
+            PodLifecycleEventKind::ContainerChanged => return None,
+        };
+        let record = self.records.get(&event.pod).and_then(|r| r.old.as_ref());
+        Some(LifecycleRecord {
+            pod_uid: event.pod.clone(),
+            namespace: status
+                .as_ref()
+                .map(|s| s.namespace.clone())
+                .or_else(|| record.map(|r| r.namespace.clone()))
+                .unwrap_or_default(),
+            pod_name: status
+                .as_ref()
+                .map(|s| s.name.clone())
+                .or_else(|| record.map(|r| r.name.clone()))
+                .unwrap_or_default(),
+            container_name: container.map(|c| c.name.clone()).unwrap_or_default(),
+            container_id: event.container.clone(),
+            kind,
+            exit_code: container
+                .filter(|_| kind != LifecycleKind::Started)
+                .filter(|c| c.state == ContainerState::Exited)
+                .map(|c| c.exit_code),
+            kernel_to_event: hint_time
+                .map(|t| Duration::from_nanos(super::monotonic_now_ns().saturating_sub(t))),
+            observed_at: SystemTime::now(),
+        })
     }
 }
 

@@ -18,9 +18,9 @@ use tokio::time::MissedTickBehavior;
 use super::manifest::{Origin, decode_pod, documents, drop_duplicates, normalize};
 use super::report::{Problem, Reporter};
 use super::{
-    PodConfigError, PodSource, REASON_FAILED_TO_PARSE_MANIFEST, REASON_FAILED_VALIDATION,
-    SourceSet, error_chain,
+    PodConfigError, PodSource, REASON_FAILED_TO_PARSE_MANIFEST, REASON_FAILED_VALIDATION, SourceSet,
 };
+use crate::error_chain::error_chain;
 use crate::events::Recorder;
 
 /// Editors and `cp` write a file in several steps; waiting this long after the first event lets one

@@ -23,8 +23,9 @@ use super::manifest::{Origin, decode_pod_or_list, documents, drop_duplicates, no
 use super::report::{Problem, Reporter};
 use super::{
     PodConfigError, PodSource, REASON_FAILED_TO_FETCH_MANIFEST, REASON_FAILED_TO_PARSE_MANIFEST,
-    REASON_FAILED_VALIDATION, SourceSet, error_chain,
+    REASON_FAILED_VALIDATION, SourceSet,
 };
+use crate::error_chain::error_chain;
 use crate::events::Recorder;
 
 /// The kubelet gives the manifest URL 10 s per request.

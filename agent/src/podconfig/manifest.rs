@@ -12,9 +12,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::report::Problem;
-use super::{
-    CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, PodConfigError, PodSource, error_chain,
-};
+use super::{CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, PodConfigError, PodSource};
+use crate::error_chain::error_chain;
 
 const DEFAULT_NAMESPACE: &str = "default";
 const DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS: i64 = 30;

@@ -20,6 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
+use crate::error_chain::error_chain;
 use crate::events::{EventType, Recorder};
 
 use file::FileSource;
@@ -217,18 +218,6 @@ pub enum PodConfigError {
 /// Checks that a `--manifest-url` can be polled, so configuration validation can reject it early.
 pub fn validate_manifest_url(url: &str) -> Result<(), PodConfigError> {
     http::parse_url(url).map(|_| ())
-}
-
-/// The error and its causes on one line, for logs and event messages.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(err) = cause {
-        text.push_str(": ");
-        text.push_str(&err.to_string());
-        cause = err.source();
-    }
-    text
 }
 
 /// Tells whether every configured source has delivered its first set of pods and the consumer has

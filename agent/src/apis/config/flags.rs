@@ -56,6 +56,14 @@ pub struct Flags {
     #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet")]
     pub root_dir: PathBuf,
 
+    /// Unix socket of the local event API that `ringlet events` reads (root only; ringlet extension).
+    #[arg(long, value_name = "PATH", default_value = crate::event_stream::DEFAULT_SOCKET_PATH)]
+    pub events_socket: PathBuf,
+
+    /// Size of the eBPF ring buffer in bytes: a power of two, at least one page (ringlet extension).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::ebpf::DEFAULT_RING_BUFFER_BYTES)]
+    pub ebpf_ring_buffer_bytes: u32,
+
     /// CRI endpoint, e.g. <unix:///run/containerd/containerd.sock> (config: containerRuntimeEndpoint).
     #[arg(long, value_name = "ENDPOINT")]
     pub container_runtime_endpoint: Option<String>,

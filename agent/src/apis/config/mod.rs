@@ -209,6 +209,10 @@ pub struct AgentConfig {
     pub verbosity: u8,
     /// The `--config` file, if one was given.
     pub config_file: Option<PathBuf>,
+    /// `--events-socket`: where `ringlet events` connects.
+    pub events_socket: PathBuf,
+    /// `--ebpf-ring-buffer-bytes`: the eBPF PLEG's ring buffer size.
+    pub ebpf_ring_buffer_bytes: u32,
 }
 
 /// Why the configuration could not be loaded.
@@ -309,6 +313,18 @@ fn resolve(
             flags.root_dir.display()
         ));
     }
+    if !flags.events_socket.is_absolute() {
+        problems.push(format!(
+            "--events-socket: {} must be an absolute path",
+            flags.events_socket.display()
+        ));
+    }
+    let ring = flags.ebpf_ring_buffer_bytes;
+    if !ring.is_power_of_two() || ring < 4096 {
+        problems.push(format!(
+            "--ebpf-ring-buffer-bytes: {ring} must be a power of two of at least 4096"
+        ));
+    }
 
     if !problems.is_empty() {
         let origin = flags.config.as_ref().map_or_else(
@@ -336,6 +352,8 @@ fn resolve(
         .ok(),
         verbosity: flags.v,
         config_file: flags.config.clone(),
+        events_socket: flags.events_socket.clone(),
+        ebpf_ring_buffer_bytes: flags.ebpf_ring_buffer_bytes,
     };
     Ok((config, warnings))
 }

@@ -12,6 +12,7 @@ use crate::container::{
     ContainerStatus, PodStatus, PodSyncResult, RunningContainer, RunningSandbox, RuntimeError,
     RuntimeStatus, SandboxId, SandboxStatus,
 };
+use crate::event_stream::{EventBroadcaster, LifecycleKind};
 use crate::pleg::{HintKind, PodHint};
 use PodLifecycleEventKind::{ContainerDied, ContainerRemoved, ContainerStarted};
 
@@ -199,6 +200,7 @@ fn setup() -> (
             hints: None,
             latency: LatencyTracker::new(metrics.clone()),
             metrics,
+            broadcaster: EventBroadcaster::default(),
         },
     );
     (runtime, cache, pleg, handle, rx)
@@ -515,6 +517,7 @@ struct EbpfPleg {
     hints: mpsc::Sender<Hint>,
     metrics: Metrics,
     latency: LatencyTracker,
+    broadcaster: EventBroadcaster,
 }
 
 /// An ebpf-mode PLEG over `pods`, running, past its first full relist, with the call counters and
@@ -530,6 +533,7 @@ async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>)
     let metrics = Metrics::new().unwrap();
     let latency = LatencyTracker::new(metrics.clone());
     let (hints, hint_rx) = mpsc::channel(1024);
+    let broadcaster = EventBroadcaster::default();
     let (pleg, handle, mut events) = GenericPleg::new(
         Arc::clone(&runtime) as Arc<dyn Runtime>,
         Arc::clone(&cache),
@@ -538,6 +542,7 @@ async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>)
             hints: Some(hint_rx),
             metrics: metrics.clone(),
             latency: latency.clone(),
+            broadcaster: broadcaster.clone(),
         },
     );
     tokio::spawn(pleg.run());
@@ -557,6 +562,7 @@ async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>)
         hints,
         metrics,
         latency,
+        broadcaster,
     }
 }
 
@@ -683,6 +689,25 @@ async fn died_hint_relists_only_that_pod() {
     );
     assert!(t.latency.is_pending(&PodUid::from("p")));
     assert!(!t.latency.is_pending(&PodUid::from("q")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_reach_watchers_with_names_exit_code_and_latency() {
+    let mut t = start_ebpf(running_p()).await;
+    let mut watcher = t.broadcaster.subscribe();
+    t.runtime.set_pods(exited_p());
+    t.hints.send(died("p", "c1")).await.unwrap();
+    settle().await;
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    let record = watcher.try_recv().unwrap();
+    assert_eq!(record.kind, LifecycleKind::Died);
+    assert_eq!(record.pod_name, "p-name");
+    assert_eq!(record.namespace, "default");
+    assert_eq!(record.container_name, "name-c1");
+    assert_eq!(record.container_id, Some(ContainerId::from("c1")));
+    assert_eq!(record.exit_code, Some(0));
+    assert!(record.kernel_to_event.unwrap() >= Duration::from_millis(1));
+    assert!(watcher.try_recv().is_err(), "one event, one record");
 }
 
 #[tokio::test(start_paused = true)]

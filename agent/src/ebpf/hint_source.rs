@@ -1,0 +1,83 @@
+//! Chooses the PLEG's hint source at start-up (`--pleg-mode`): the eBPF programs when they load and
+//! attach, otherwise none, so the PLEG relists, with one log line saying why. Also keeps the
+//! kernel's drop counter visible as `ringlet_ebpf_ring_buffer_drops_total`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::{EbpfHandle, EbpfOptions};
+use crate::apis::config::PlegModeSetting;
+use crate::error_chain::error_chain;
+use crate::metrics::Metrics;
+use crate::pleg::Hint;
+
+/// Hints buffered between the ring-buffer reader and the PLEG; past this the reader asks for a
+/// full relist instead of blocking.
+const HINT_CHANNEL_CAPACITY: usize = 4096;
+/// How often the drop counter is copied into the metrics.
+const DROPS_METRIC_PERIOD: Duration = Duration::from_secs(1);
+
+/// A running eBPF hint source: the PLEG's end of the hint channel and the loader's handle, which
+/// detaches the programs and removes the pins when dropped.
+pub struct HintSource {
+    pub hints: mpsc::Receiver<Hint>,
+    pub handle: Arc<EbpfHandle>,
+}
+
+/// Starts the eBPF hint source unless `mode` is `relist`. `pods_cgroup` is the cgroup2 directory of
+/// the pods' parent (`None` when the host has no cgroup2). Any failure is logged once with its cause
+/// and yields `None`: the agent then runs the relist PLEG.
+pub fn start_hint_source(
+    mode: PlegModeSetting,
+    pods_cgroup: Option<PathBuf>,
+    ring_buffer_bytes: u32,
+    metrics: &Metrics,
+) -> Option<HintSource> {
+    if mode == PlegModeSetting::Relist {
+        return None;
+    }
+    let Some(pods_cgroup) = pods_cgroup else {
+        tracing::warn!(
+            "eBPF PLEG unavailable: the host mounts no cgroup2 hierarchy; running the relist PLEG"
+        );
+        return None;
+    };
+    let (sender, hints) = mpsc::channel(HINT_CHANNEL_CAPACITY);
+    let options = EbpfOptions {
+        ring_buffer_bytes,
+        ..EbpfOptions::new(pods_cgroup)
+    };
+    match super::start(options, sender) {
+        Ok(handle) => {
+            tracing::info!(programs = ?handle.attached_programs(), pins = %handle.pin_dir().display(),
+                "eBPF PLEG hints attached");
+            let handle = Arc::new(handle);
+            tokio::spawn(copy_drops_to_metrics(
+                Arc::downgrade(&handle),
+                metrics.clone(),
+            ));
+            Some(HintSource { hints, handle })
+        }
+        Err(err) => {
+            tracing::warn!(
+                "eBPF PLEG unavailable, running the relist PLEG: {}",
+                error_chain(&err)
+            );
+            None
+        }
+    }
+}
+
+async fn copy_drops_to_metrics(handle: Weak<EbpfHandle>, metrics: Metrics) {
+    let mut tick = tokio::time::interval(DROPS_METRIC_PERIOD);
+    loop {
+        tick.tick().await;
+        let Some(handle) = handle.upgrade() else {
+            return;
+        };
+        metrics.set_ring_buffer_drops_total(handle.dropped_events());
+    }
+}
