@@ -441,7 +441,7 @@ pub fn container_config(
         working_dir: container.working_dir.clone().unwrap_or_default(),
         envs,
         mounts: params.mounts,
-        labels: labels::container_labels(pod, &container.name),
+        labels: labels::container_labels(pod, &container.name, ctx.node_name),
         annotations: labels::container_annotations(pod, container, params.restart_count),
         log_path: log_path(&container.name, params.restart_count),
         stdin: container.stdin.unwrap_or(false),

@@ -110,9 +110,10 @@ impl KubeGenericRuntimeManager {
         active: &HashSet<PodUid>,
     ) -> Result<(), CriError> {
         let (sandboxes, containers) = tokio::try_join!(
-            self.cri.list_pod_sandbox(Some(sandbox_filter(None, false))),
             self.cri
-                .list_containers(Some(container_filter(None, false))),
+                .list_pod_sandbox(Some(sandbox_filter(self.helper.node_name(), None, false))),
+            self.cri
+                .list_containers(Some(container_filter(self.helper.node_name(), None, false))),
         )?;
         let plan = plan(&sandboxes, &containers, max_per_pod_container, active);
         let mut first_error = None;
@@ -149,7 +150,7 @@ mod tests {
 
     fn pod_labels(uid: &str, container: Option<&str>) -> HashMap<String, String> {
         let mut l = HashMap::from([
-            (labels::MANAGED.to_owned(), labels::MANAGED_VALUE.to_owned()),
+            (labels::MANAGED.to_owned(), "node1".to_owned()),
             (labels::POD_UID.to_owned(), uid.to_owned()),
             (labels::POD_NAME.to_owned(), format!("p-{uid}")),
             (labels::POD_NAMESPACE.to_owned(), "default".to_owned()),

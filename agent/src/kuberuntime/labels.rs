@@ -15,9 +15,10 @@ pub const POD_NAME: &str = "io.kubernetes.pod.name";
 pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 pub const POD_UID: &str = "io.kubernetes.pod.uid";
 pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
-/// Marks objects ringlet created, so orphan cleanup never touches anyone else's sandboxes.
-pub const MANAGED: &str = "io.kubernetes.ringlet/managed";
-pub const MANAGED_VALUE: &str = "true";
+/// Marks objects ringlet created, with the pod's node name as the value: listings, garbage
+/// collection and orphan cleanup only ever see this node agent's own sandboxes and containers, even
+/// where several agents share one runtime.
+pub const MANAGED: &str = "io.kubernetes.ringlet/node";
 
 pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
@@ -45,8 +46,8 @@ fn pod_meta(pod: &Pod) -> (&str, &str, &str) {
     )
 }
 
-/// Labels of a pod's sandbox: the pod's own labels plus the agent's identity keys.
-pub fn sandbox_labels(pod: &Pod) -> HashMap<String, String> {
+/// Labels of a pod's sandbox on `node`: the pod's own labels plus the agent's identity keys.
+pub fn sandbox_labels(pod: &Pod, node: &str) -> HashMap<String, String> {
     let mut labels: HashMap<String, String> = pod
         .metadata
         .labels
@@ -58,7 +59,7 @@ pub fn sandbox_labels(pod: &Pod) -> HashMap<String, String> {
     labels.insert(POD_NAME.to_owned(), name.to_owned());
     labels.insert(POD_NAMESPACE.to_owned(), namespace.to_owned());
     labels.insert(POD_UID.to_owned(), uid.to_owned());
-    labels.insert(MANAGED.to_owned(), MANAGED_VALUE.to_owned());
+    labels.insert(MANAGED.to_owned(), node.to_owned());
     labels
 }
 
@@ -72,15 +73,16 @@ pub fn sandbox_annotations(pod: &Pod) -> HashMap<String, String> {
         .collect()
 }
 
-/// Labels of a container: only identity keys, so label selectors on the runtime stay cheap.
-pub fn container_labels(pod: &Pod, container: &str) -> HashMap<String, String> {
+/// Labels of a container on `node`: only identity keys, so label selectors on the runtime stay
+/// cheap.
+pub fn container_labels(pod: &Pod, container: &str, node: &str) -> HashMap<String, String> {
     let (name, namespace, uid) = pod_meta(pod);
     HashMap::from([
         (POD_NAME.to_owned(), name.to_owned()),
         (POD_NAMESPACE.to_owned(), namespace.to_owned()),
         (POD_UID.to_owned(), uid.to_owned()),
         (CONTAINER_NAME.to_owned(), container.to_owned()),
-        (MANAGED.to_owned(), MANAGED_VALUE.to_owned()),
+        (MANAGED.to_owned(), node.to_owned()),
     ])
 }
 
@@ -135,7 +137,7 @@ pub fn container_hash(container: &Container) -> String {
 
 /// Whether the object carries the agent's managed-by label.
 pub fn is_managed<S: BuildHasher>(labels: &HashMap<String, String, S>) -> bool {
-    labels.get(MANAGED).is_some_and(|v| v == MANAGED_VALUE)
+    labels.contains_key(MANAGED)
 }
 
 /// The pod an object belongs to; `None` for objects without the agent's labels.
@@ -209,7 +211,7 @@ mod tests {
 
     #[test]
     fn sandbox_labels_identify_the_pod_and_keep_its_labels() {
-        let labels = sandbox_labels(&pod());
+        let labels = sandbox_labels(&pod(), "node1");
         assert_eq!(labels["app"], "web");
         assert_eq!(
             pod_labels(&labels),
@@ -223,7 +225,7 @@ mod tests {
 
     #[test]
     fn objects_without_the_managed_label_are_not_ours() {
-        let mut labels = container_labels(&pod(), "c");
+        let mut labels = container_labels(&pod(), "c", "node1");
         assert!(pod_labels(&labels).is_some());
         labels.remove(MANAGED);
         assert_eq!(pod_labels(&labels), None);

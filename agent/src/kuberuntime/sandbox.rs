@@ -114,6 +114,7 @@ fn port_mappings(pod: &Pod) -> Result<Vec<cri::PortMapping>, SandboxConfigError>
 /// The sandbox config for the pod's `attempt`-th sandbox.
 pub fn sandbox_config(
     pod: &Pod,
+    node_name: &str,
     attempt: u32,
     log_directory: &Path,
     cgroup_parent: String,
@@ -163,7 +164,7 @@ pub fn sandbox_config(
         log_directory: log_directory.to_string_lossy().into_owned(),
         dns_config,
         port_mappings: port_mappings(pod)?,
-        labels: labels::sandbox_labels(pod),
+        labels: labels::sandbox_labels(pod, node_name),
         annotations: labels::sandbox_annotations(pod),
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent,
@@ -228,6 +229,7 @@ mod tests {
     fn pod_network_sandbox_has_hostname_ports_and_cgroup() {
         let config = sandbox_config(
             &pod(false),
+            "node1",
             2,
             Path::new("/var/log/pods/default_web-node1_u1"),
             "/kubepods/besteffort/podu1".into(),

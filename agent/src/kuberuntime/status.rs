@@ -39,32 +39,39 @@ pub(super) fn sandbox_state(state: cri::PodSandboxState) -> SandboxState {
     }
 }
 
-/// Label selector matching every object ringlet created, optionally of one pod.
-pub(super) fn selector(uid: Option<&PodUid>) -> HashMap<String, String> {
-    let mut selector =
-        HashMap::from([(labels::MANAGED.to_owned(), labels::MANAGED_VALUE.to_owned())]);
+/// Label selector matching every object ringlet created for `node`, optionally of one pod.
+pub(super) fn selector(node: &str, uid: Option<&PodUid>) -> HashMap<String, String> {
+    let mut selector = HashMap::from([(labels::MANAGED.to_owned(), node.to_owned())]);
     if let Some(uid) = uid {
         selector.insert(labels::POD_UID.to_owned(), uid.to_string());
     }
     selector
 }
 
-pub(super) fn sandbox_filter(uid: Option<&PodUid>, ready_only: bool) -> cri::PodSandboxFilter {
+pub(super) fn sandbox_filter(
+    node: &str,
+    uid: Option<&PodUid>,
+    ready_only: bool,
+) -> cri::PodSandboxFilter {
     cri::PodSandboxFilter {
         state: ready_only.then(|| cri::PodSandboxStateValue {
             state: cri::PodSandboxState::SandboxReady.into(),
         }),
-        label_selector: selector(uid),
+        label_selector: selector(node, uid),
         ..cri::PodSandboxFilter::default()
     }
 }
 
-pub(super) fn container_filter(uid: Option<&PodUid>, running_only: bool) -> cri::ContainerFilter {
+pub(super) fn container_filter(
+    node: &str,
+    uid: Option<&PodUid>,
+    running_only: bool,
+) -> cri::ContainerFilter {
     cri::ContainerFilter {
         state: running_only.then(|| cri::ContainerStateValue {
             state: cri::ContainerState::ContainerRunning.into(),
         }),
-        label_selector: selector(uid),
+        label_selector: selector(node, uid),
         ..cri::ContainerFilter::default()
     }
 }
@@ -282,8 +289,10 @@ impl KubeGenericRuntimeManager {
     /// Every ringlet pod the runtime knows; `all` includes exited containers and not-ready sandboxes.
     pub(super) async fn list_pods(&self, all: bool) -> Result<Vec<RunningPod>, CriError> {
         let (sandboxes, containers) = tokio::try_join!(
-            self.cri.list_pod_sandbox(Some(sandbox_filter(None, !all))),
-            self.cri.list_containers(Some(container_filter(None, !all))),
+            self.cri
+                .list_pod_sandbox(Some(sandbox_filter(self.helper.node_name(), None, !all))),
+            self.cri
+                .list_containers(Some(container_filter(self.helper.node_name(), None, !all))),
         )?;
         Ok(group_pods(sandboxes, containers))
     }
@@ -296,10 +305,16 @@ impl KubeGenericRuntimeManager {
         namespace: &str,
     ) -> Result<PodStatus, CriError> {
         let (sandboxes, containers) = tokio::try_join!(
-            self.cri
-                .list_pod_sandbox(Some(sandbox_filter(Some(uid), false))),
-            self.cri
-                .list_containers(Some(container_filter(Some(uid), false))),
+            self.cri.list_pod_sandbox(Some(sandbox_filter(
+                self.helper.node_name(),
+                Some(uid),
+                false
+            ))),
+            self.cri.list_containers(Some(container_filter(
+                self.helper.node_name(),
+                Some(uid),
+                false
+            ))),
         )?;
         let sandbox_statuses =
             join_all(sandboxes.iter().map(|s| self.cri.pod_sandbox_status(&s.id))).await;
@@ -371,7 +386,7 @@ mod tests {
     use super::*;
 
     fn cri_labels(uid: &str, container: Option<&str>) -> HashMap<String, String> {
-        let mut l = selector(Some(&PodUid::from(uid)));
+        let mut l = selector("node1", Some(&PodUid::from(uid)));
         l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
         l.insert(labels::POD_NAMESPACE.into(), "default".into());
         if let Some(c) = container {

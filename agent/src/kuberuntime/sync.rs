@@ -232,8 +232,14 @@ impl KubeGenericRuntimeManager {
             .helper
             .pod_cgroup_parent(pod)
             .and_then(|cgroup_parent| {
-                sandbox_config(pod, actions.attempt, &log_dir, cgroup_parent)
-                    .map_err(|e| e.to_string())
+                sandbox_config(
+                    pod,
+                    self.helper.node_name(),
+                    actions.attempt,
+                    &log_dir,
+                    cgroup_parent,
+                )
+                .map_err(|e| e.to_string())
             }) {
             Ok(c) => c,
             Err(e) => {
