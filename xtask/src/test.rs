@@ -8,15 +8,17 @@ use crate::{cargo, lab, workspace_root};
 
 pub fn run() -> Result<()> {
     let root = workspace_root();
+    // The lab first: it installs what the build needs (clang and libbpf headers for the eBPF
+    // programs) as well as the containerd the privileged tiers use.
+    println!("== lab");
+    lab::up()?;
+
     println!("== unit and component tests");
     let unit = cargo()
         .current_dir(&root)
         .args(["test", "--workspace", "--exclude", "ringlet-tests"])
         .status()?
         .success();
-
-    println!("== lab");
-    lab::up()?;
 
     println!("== privileged tests");
     let smoke = cargo()

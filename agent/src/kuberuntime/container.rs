@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ringlet_proto::runtime::v1 as cri;
 
 use super::labels;
+use crate::cm::{QosClass, parse_quantity, qos_class};
 
 /// CFS period the quota is expressed in (100 ms, the kernel's and the kubelet's default).
 pub const CPU_PERIOD_US: i64 = 100_000;
@@ -67,58 +68,26 @@ pub struct ContainerParams<'a> {
     pub memory_capacity_bytes: u64,
 }
 
-/// Parses a Kubernetes quantity (`500m`, `1.5`, `128Mi`, `1G`, `2e3`) into its value.
-pub fn parse_quantity(text: &str) -> Option<f64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '+' | '-')))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0_f64.powi(2),
-        "Gi" => 1024.0_f64.powi(3),
-        "Ti" => 1024.0_f64.powi(4),
-        "Pi" => 1024.0_f64.powi(5),
-        "Ei" => 1024.0_f64.powi(6),
-        exp if exp.starts_with(['e', 'E']) => 10f64.powi(exp[1..].parse().ok()?),
-        _ => return None,
-    };
-    let value = number * factor;
-    (value.is_finite() && value >= 0.0).then_some(value)
-}
+/// Nano-units per millicore and per byte, for [`quantity`]'s `unit`.
+const NANOS_PER_MILLI: i128 = 1_000_000;
+const NANOS_PER_UNIT: i128 = 1_000_000_000;
 
-#[allow(
-    clippy::cast_possible_truncation,
-    reason = "quantities are checked finite and non-negative; saturating is the intent"
-)]
-fn ceil_i64(value: f64) -> i64 {
-    value.ceil() as i64
-}
-
+/// The named quantity in `unit`s (rounded up), `None` when absent; an unparseable or negative
+/// quantity is an error naming the container and resource.
 fn quantity(
     map: Option<&BTreeMap<String, Quantity>>,
     name: &str,
     container: &str,
     resource: &'static str,
-    scale: f64,
+    unit: i128,
 ) -> Result<Option<i64>, ConfigError> {
     let Some(q) = map.and_then(|m| m.get(name)) else {
         return Ok(None);
     };
     parse_quantity(&q.0)
-        .map(|v| Some(ceil_i64(v * scale)))
+        .ok()
+        .filter(|nanos| *nanos >= 0)
+        .map(|nanos| Some(i64::try_from((nanos + unit - 1) / unit).unwrap_or(i64::MAX)))
         .ok_or_else(|| ConfigError::InvalidQuantity {
             container: container.to_owned(),
             resource,
@@ -142,10 +111,34 @@ impl ContainerResources {
         let empty = ResourceRequirements::default();
         let res = container.resources.as_ref().unwrap_or(&empty);
         let name = &container.name;
-        let cpu_limit = quantity(res.limits.as_ref(), "cpu", name, "cpu limit", 1000.0)?;
-        let mem_limit = quantity(res.limits.as_ref(), "memory", name, "memory limit", 1.0)?;
-        let cpu_request = quantity(res.requests.as_ref(), "cpu", name, "cpu request", 1000.0)?;
-        let mem_request = quantity(res.requests.as_ref(), "memory", name, "memory request", 1.0)?;
+        let cpu_limit = quantity(
+            res.limits.as_ref(),
+            "cpu",
+            name,
+            "cpu limit",
+            NANOS_PER_MILLI,
+        )?;
+        let mem_limit = quantity(
+            res.limits.as_ref(),
+            "memory",
+            name,
+            "memory limit",
+            NANOS_PER_UNIT,
+        )?;
+        let cpu_request = quantity(
+            res.requests.as_ref(),
+            "cpu",
+            name,
+            "cpu request",
+            NANOS_PER_MILLI,
+        )?;
+        let mem_request = quantity(
+            res.requests.as_ref(),
+            "memory",
+            name,
+            "memory request",
+            NANOS_PER_UNIT,
+        )?;
         Ok(Self {
             cpu_request_milli: cpu_request.or(cpu_limit),
             cpu_limit_milli: cpu_limit,
@@ -153,36 +146,6 @@ impl ContainerResources {
             memory_limit: mem_limit,
         })
     }
-}
-
-/// A pod's `QoS` class, from all its containers' resources.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QosClass {
-    Guaranteed,
-    Burstable,
-    BestEffort,
-}
-
-/// The `QoS` class of a pod (`pkg/apis/core/v1/helper/qos`), from its init and app containers.
-pub fn qos_class(pod: &Pod) -> Result<QosClass, ConfigError> {
-    let spec = pod.spec.as_ref();
-    let all = spec
-        .into_iter()
-        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers));
-    let mut any_set = false;
-    let mut guaranteed = true;
-    for c in all {
-        let r = ContainerResources::of(c)?;
-        any_set |= r.cpu_request_milli.is_some() || r.memory_request.is_some();
-        let cpu_ok = r.cpu_limit_milli.is_some() && r.cpu_limit_milli == r.cpu_request_milli;
-        let mem_ok = r.memory_limit.is_some() && r.memory_limit == r.memory_request;
-        guaranteed &= cpu_ok && mem_ok;
-    }
-    Ok(match (any_set, guaranteed) {
-        (false, _) => QosClass::BestEffort,
-        (true, true) => QosClass::Guaranteed,
-        (true, false) => QosClass::Burstable,
-    })
 }
 
 /// The cgroup settings of a container (`generateLinuxContainerResources`).
@@ -425,7 +388,7 @@ pub fn container_config(
         list.iter().flatten().map(|s| expand(s, &vars)).collect()
     };
     let resources = ContainerResources::of(container)?;
-    let qos = qos_class(pod)?;
+    let qos = qos_class(pod);
     Ok(cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: container.name.clone(),
@@ -525,16 +488,30 @@ mod tests {
     }
 
     #[test]
-    fn quantities_parse_with_every_suffix() {
-        assert_eq!(parse_quantity("500m"), Some(0.5));
-        assert_eq!(parse_quantity("2"), Some(2.0));
-        assert_eq!(parse_quantity("128Mi"), Some(134_217_728.0));
-        assert_eq!(parse_quantity("1G"), Some(1e9));
-        assert_eq!(parse_quantity("1.5Gi"), Some(1_610_612_736.0));
-        assert_eq!(parse_quantity("2e3"), Some(2000.0));
-        assert_eq!(parse_quantity("abc"), None);
-        assert_eq!(parse_quantity("1X"), None);
-        assert_eq!(parse_quantity("-1"), None);
+    fn resources_round_up_to_millicores_and_bytes_and_reject_bad_quantities() {
+        let c = with_resources(
+            &[("cpu", "1.0005"), ("memory", "1.5Gi")],
+            &[("cpu", "250m")],
+        );
+        let r = ContainerResources::of(&c).unwrap();
+        assert_eq!(r.cpu_limit_milli, Some(1001));
+        assert_eq!(r.cpu_request_milli, Some(250));
+        assert_eq!(r.memory_limit, Some(1_610_612_736));
+        assert_eq!(
+            r.memory_request,
+            Some(1_610_612_736),
+            "a missing request is the limit"
+        );
+        for bad in ["lots", "-1"] {
+            let c = with_resources(&[("memory", bad)], &[]);
+            assert!(
+                matches!(
+                    ContainerResources::of(&c),
+                    Err(ConfigError::InvalidQuantity { .. })
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -576,29 +553,6 @@ mod tests {
             0,
             "quota disabled by --cpu-cfs-quota=false"
         );
-    }
-
-    #[test]
-    fn qos_follows_requests_and_limits() {
-        let guaranteed = with_resources(&[("cpu", "1"), ("memory", "1Gi")], &[]);
-        assert_eq!(
-            qos_class(&pod_with(vec![guaranteed])).unwrap(),
-            QosClass::Guaranteed
-        );
-        let burstable = with_resources(&[], &[("memory", "1Gi")]);
-        assert_eq!(
-            qos_class(&pod_with(vec![burstable])).unwrap(),
-            QosClass::Burstable
-        );
-        assert_eq!(
-            qos_class(&pod_with(vec![Container::default()])).unwrap(),
-            QosClass::BestEffort
-        );
-        let bad = with_resources(&[("memory", "lots")], &[]);
-        assert!(matches!(
-            qos_class(&pod_with(vec![bad])),
-            Err(ConfigError::InvalidQuantity { .. })
-        ));
     }
 
     #[test]
