@@ -116,7 +116,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         )
     };
     let (pleg_hints, ebpf_handle) = hint_source
-        .map(|source| (source.hints, source.handle))
+        .map(|source| (source.channel, source.handle))
         .unzip();
     let broadcaster = EventBroadcaster::default();
     let kubelet = Kubelet::new(

@@ -23,16 +23,29 @@ struct State {
     global: Option<Instant>,
 }
 
+/// Asks whoever writes the cache to read one pod again.
+type Refresher = Box<dyn Fn(&PodUid) + Send + Sync>;
+
 /// Pod statuses with the time the runtime was last read for them.
 #[derive(Default)]
 pub struct PodCache {
     state: Mutex<State>,
     changed: Notify,
+    refresher: Option<Refresher>,
 }
 
 impl PodCache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A cache whose `get_newer_than` asks `refresher` to re-read a pod when its entry is too old,
+    /// for writers that do not relist on their own soon (the PLEG in ebpf mode).
+    pub fn with_refresher(refresher: impl Fn(&PodUid) + Send + Sync + 'static) -> Self {
+        Self {
+            refresher: Some(Box::new(refresher)),
+            ..Self::default()
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -91,12 +104,17 @@ impl PodCache {
     /// cache. A pod the runtime does not know yields an empty status. `None` accepts any entry, or
     /// waits for the first full relist when there is none.
     pub async fn get_newer_than(&self, uid: &PodUid, min: Option<Instant>) -> Arc<PodStatus> {
+        let mut refresh_asked = false;
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if let Some(status) = self.newer_than(uid, min) {
                 return status;
+            }
+            if !refresh_asked && let Some(refresher) = &self.refresher {
+                refresher(uid);
+                refresh_asked = true;
             }
             changed.await;
         }
@@ -134,6 +152,41 @@ mod tests {
         cache.set(status("a", "new"), Instant::now());
         let got = waiter.await.unwrap();
         assert_eq!(got.name, "new");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_entry_asks_the_refresher_once_and_a_fresh_one_never() {
+        let (asked, mut requests) = tokio::sync::mpsc::unbounded_channel();
+        let cache = Arc::new(PodCache::with_refresher(move |uid: &PodUid| {
+            asked.send(uid.clone()).unwrap();
+        }));
+        let before = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.set(status("a", "fresh"), Instant::now());
+        assert_eq!(
+            cache
+                .get_newer_than(&PodUid::from("a"), Some(before))
+                .await
+                .name,
+            "fresh"
+        );
+        assert!(
+            requests.try_recv().is_err(),
+            "a fresh entry needs no refresh"
+        );
+
+        let after = Instant::now();
+        let waiter = tokio::spawn({
+            let cache = Arc::clone(&cache);
+            async move { cache.get_newer_than(&PodUid::from("a"), Some(after)).await }
+        });
+        assert_eq!(requests.recv().await, Some(PodUid::from("a")));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.update_time(before);
+        tokio::task::yield_now().await;
+        assert!(requests.try_recv().is_err(), "asked once per wait");
+        cache.set(status("a", "refreshed"), Instant::now());
+        assert_eq!(waiter.await.unwrap().name, "refreshed");
     }
 
     #[tokio::test(start_paused = true)]

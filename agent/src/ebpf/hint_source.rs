@@ -12,7 +12,7 @@ use super::{EbpfHandle, EbpfOptions};
 use crate::apis::config::PlegModeSetting;
 use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
-use crate::pleg::Hint;
+use crate::pleg::HintChannel;
 
 /// Hints buffered between the ring-buffer reader and the PLEG; past this the reader asks for a
 /// full relist instead of blocking.
@@ -23,7 +23,7 @@ const DROPS_METRIC_PERIOD: Duration = Duration::from_secs(1);
 /// A running eBPF hint source: the PLEG's end of the hint channel and the loader's handle, which
 /// detaches the programs and removes the pins when dropped.
 pub struct HintSource {
-    pub hints: mpsc::Receiver<Hint>,
+    pub channel: HintChannel,
     pub handle: Arc<EbpfHandle>,
 }
 
@@ -46,6 +46,7 @@ pub fn start_hint_source(
         return None;
     };
     let (sender, hints) = mpsc::channel(HINT_CHANNEL_CAPACITY);
+    let refresh = sender.downgrade();
     let options = EbpfOptions {
         ring_buffer_bytes,
         ..EbpfOptions::new(pods_cgroup)
@@ -59,7 +60,10 @@ pub fn start_hint_source(
                 Arc::downgrade(&handle),
                 metrics.clone(),
             ));
-            Some(HintSource { hints, handle })
+            Some(HintSource {
+                channel: HintChannel { hints, refresh },
+                handle,
+            })
         }
         Err(err) => {
             tracing::warn!(

@@ -25,7 +25,7 @@ use crate::event_stream::EventBroadcaster;
 use crate::events::{EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::pleg::{
-    GenericPleg, Hint, LatencyTracker, PlegHandle, PlegOptions, PodLifecycleEvent,
+    GenericPleg, HintChannel, LatencyTracker, PlegHandle, PlegOptions, PodLifecycleEvent,
     PodLifecycleEventKind,
 };
 use crate::pod_workers::{
@@ -84,8 +84,9 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
-    /// Assembles the agent core. `pleg_hints` is the receiving end of the eBPF hint source: with it
-    /// the PLEG runs in ebpf mode (targeted relists, slow safety relist), without it in relist mode.
+    /// Assembles the agent core. `pleg_hints` is the PLEG's end of the eBPF hint source: with it the
+    /// PLEG runs in ebpf mode (targeted relists, slow safety relist, and a targeted relist whenever a
+    /// pod worker needs a newer status than the cache holds), without it in relist mode.
     /// `metrics` is shared with whoever else reports into it (the eBPF reader) and is served on
     /// `/metrics`. Every PLEG event also goes to `broadcaster` for `ringlet events`.
     pub fn new(
@@ -93,18 +94,20 @@ impl Kubelet {
         runtime: Arc<dyn Runtime>,
         pod_cgroups: Arc<PodContainerManager>,
         recorder: Recorder,
-        pleg_hints: Option<mpsc::Receiver<Hint>>,
+        pleg_hints: Option<HintChannel>,
         metrics: Metrics,
         broadcaster: EventBroadcaster,
     ) -> Self {
-        let cache = Arc::new(PodCache::new());
+        let cache = Arc::new(pleg_hints.as_ref().map_or_else(PodCache::new, |channel| {
+            PodCache::with_refresher(channel.refresher())
+        }));
         let latency = LatencyTracker::new(metrics.clone());
         let (pleg, pleg_handle, pleg_events) = GenericPleg::new(
             Arc::clone(&runtime),
             Arc::clone(&cache),
             PlegOptions {
                 relist_period: settings.pleg_relist_period,
-                hints: pleg_hints,
+                hints: pleg_hints.map(|channel| channel.hints),
                 metrics: metrics.clone(),
                 latency: latency.clone(),
                 broadcaster,

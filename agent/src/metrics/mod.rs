@@ -79,16 +79,18 @@ impl RelistType {
 pub enum HintLabel {
     Pod(HintKind),
     Resync,
+    Refresh,
 }
 
 impl HintLabel {
-    const ALL: [HintLabel; 6] = [
+    const ALL: [HintLabel; 7] = [
         HintLabel::Pod(HintKind::CgroupCreated),
         HintLabel::Pod(HintKind::CgroupRemoved),
         HintLabel::Pod(HintKind::Started),
         HintLabel::Pod(HintKind::Died),
         HintLabel::Pod(HintKind::OomKilled),
         HintLabel::Resync,
+        HintLabel::Refresh,
     ];
 
     fn label(self) -> &'static str {
@@ -99,6 +101,7 @@ impl HintLabel {
             Self::Pod(HintKind::Died) => "died",
             Self::Pod(HintKind::OomKilled) => "oom_killed",
             Self::Resync => "resync",
+            Self::Refresh => "refresh",
         }
     }
 }

@@ -206,6 +206,10 @@ impl GenericPleg {
                 tracing::trace!(pod = %hint.pod, kind = ?hint.kind, container = ?hint.container, "pleg hint");
                 self.queue.push(hint);
             }
+            Hint::Refresh { pod } => {
+                self.metrics.inc_hint(HintLabel::Refresh);
+                self.queue.request(pod);
+            }
             Hint::Resync { reason } => {
                 self.metrics.inc_hint(HintLabel::Resync);
                 tracing::info!(%reason, "hint source asked for a full relist");

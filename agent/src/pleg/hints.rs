@@ -3,6 +3,8 @@
 //! `Resync`, everything. Corresponds to nothing in the kubelet: upstream's Evented PLEG wrote the
 //! cache from runtime events, which is what this design avoids.
 
+use tokio::sync::mpsc;
+
 use crate::container::{ContainerId, PodUid};
 
 /// What the kernel saw.
@@ -43,4 +45,30 @@ pub enum Hint {
     Resync {
         reason: String,
     },
+    /// A pod worker needs the pod's status read after its own last sync (the cache only holds an
+    /// older read, and in ebpf mode no relist may come for a minute): relist this one pod.
+    Refresh {
+        pod: PodUid,
+    },
+}
+
+/// The PLEG's end of a hint source: the hints, and a weak way back in through which pod workers ask
+/// for [`Hint::Refresh`]. The weak sender does not keep the channel open, so the PLEG still sees the
+/// hint source go away and falls back to relisting.
+pub struct HintChannel {
+    pub hints: mpsc::Receiver<Hint>,
+    pub refresh: mpsc::WeakSender<Hint>,
+}
+
+impl HintChannel {
+    /// A refresher for [`crate::container::PodCache::with_refresher`]: asks for a refresh without
+    /// waiting (a full channel already means relists are coming).
+    pub fn refresher(&self) -> impl Fn(&PodUid) + Send + Sync + 'static {
+        let refresh = self.refresh.clone();
+        move |pod: &PodUid| {
+            if let Some(sender) = refresh.upgrade() {
+                let _ = sender.try_send(Hint::Refresh { pod: pod.clone() });
+            }
+        }
+    }
 }

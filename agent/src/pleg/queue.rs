@@ -77,6 +77,15 @@ impl HintQueue {
         }
     }
 
+    /// Queues `pod` for a targeted relist without a fact to expect (a pod worker's refresh).
+    pub(super) fn request(&mut self, uid: PodUid) {
+        let pod = self.pods.entry(uid.clone()).or_default();
+        if !pod.queued {
+            pod.queued = true;
+            self.ready.push_back(uid);
+        }
+    }
+
     /// The next pod due for a targeted relist.
     pub(super) fn pop_ready(&mut self) -> Option<PodUid> {
         while let Some(uid) = self.ready.pop_front() {
@@ -125,9 +134,10 @@ impl HintQueue {
     /// there is nothing left to find.
     pub(super) fn only_removals(&self, pod: &PodUid) -> bool {
         self.pods.get(pod).is_some_and(|p| {
-            p.facts
-                .keys()
-                .all(|(kind, _)| *kind == HintKind::CgroupRemoved)
+            !p.facts.is_empty()
+                && p.facts
+                    .keys()
+                    .all(|(kind, _)| *kind == HintKind::CgroupRemoved)
         })
     }
 

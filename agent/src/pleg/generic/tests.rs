@@ -692,6 +692,29 @@ async fn died_hint_relists_only_that_pod() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_refresh_reads_the_pod_again_without_a_full_relist() {
+    let mut t = start_ebpf(running_p()).await;
+    let before = t.cache.get(&PodUid::from("p")).unwrap();
+    tokio::time::advance(Duration::from_millis(3)).await;
+    t.runtime.set_pods(exited_p());
+    t.hints
+        .send(Hint::Refresh {
+            pod: PodUid::from("p"),
+        })
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("p")]);
+    assert_eq!(t.runtime.take_list_calls(), 0, "no full relist");
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_ne!(t.cache.get(&PodUid::from("p")).unwrap(), before);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_hints_total{kind=\"refresh\"}"),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn events_reach_watchers_with_names_exit_code_and_latency() {
     let mut t = start_ebpf(running_p()).await;
     let mut watcher = t.broadcaster.subscribe();
