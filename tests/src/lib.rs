@@ -42,10 +42,31 @@ fn missing_prerequisite() -> Option<String> {
     None
 }
 
+/// Where the kernel exposes its BTF, which the eBPF PLEG needs.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
 /// Returns `true` when the test may go on; prints SKIP and returns `false` when it cannot run here,
 /// and panics instead under `CI=true`.
 pub fn require_lab(test: &str) -> bool {
-    match missing_prerequisite() {
+    skip_unless(test, missing_prerequisite())
+}
+
+/// [`require_lab`] plus what the eBPF PLEG needs from the kernel: BTF and a bpffs at `/sys/fs/bpf`.
+pub fn require_ebpf_lab(test: &str) -> bool {
+    let missing = missing_prerequisite().or_else(|| {
+        if !Path::new(KERNEL_BTF).exists() {
+            return Some(format!("the kernel has no BTF ({KERNEL_BTF} is missing)"));
+        }
+        if !Path::new("/sys/fs/bpf").is_dir() {
+            return Some("/sys/fs/bpf is missing (no bpffs)".to_owned());
+        }
+        None
+    });
+    skip_unless(test, missing)
+}
+
+fn skip_unless(test: &str, missing: Option<String>) -> bool {
+    match missing {
         None => true,
         Some(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
             panic!("{test}: cannot run in CI: {reason}")
@@ -58,7 +79,7 @@ pub fn require_lab(test: &str) -> bool {
 }
 
 /// Path of the `ringlet` binary, built once per test process.
-fn ringlet_binary() -> Result<PathBuf> {
+pub fn ringlet_binary() -> Result<PathBuf> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -169,6 +190,7 @@ pub struct Agent {
     pub read_only_port: u16,
     pub healthz_port: u16,
     options_args: Vec<String>,
+    wrapper: Vec<String>,
 }
 
 impl Agent {
@@ -180,8 +202,19 @@ impl Agent {
         self.dir.path().join("root")
     }
 
+    /// The agent's event socket (`ringlet events --socket`), private to this agent.
+    pub fn events_socket(&self) -> PathBuf {
+        self.dir.path().join("events.sock")
+    }
+
     /// Starts an agent named after the test (the node name, so pod names are unique per test).
     pub fn start(test: &str, options: AgentOptions) -> Result<Self> {
+        Self::start_wrapped(test, options, &[])
+    }
+
+    /// [`Agent::start`] with the agent run under `wrapper` (`wrapper[0] wrapper[1..] ringlet
+    /// flags...`), e.g. `unshare` to give it a namespace of its own.
+    pub fn start_wrapped(test: &str, options: AgentOptions, wrapper: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("ringlet-e2e-").tempdir()?;
         fs::create_dir_all(dir.path().join("manifests"))?;
         let node = format!("e2e-{}", test.replace('_', "-"));
@@ -204,6 +237,7 @@ impl Agent {
             read_only_port: free_port()?,
             healthz_port: free_port()?,
             options_args: args,
+            wrapper: wrapper.iter().map(|&w| w.to_owned()).collect(),
         };
         agent.spawn()?;
         Ok(agent)
@@ -214,7 +248,16 @@ impl Agent {
             .create(true)
             .append(true)
             .open(self.dir.path().join("agent.log"))?;
-        let child = Command::new(ringlet_binary()?)
+        let binary = ringlet_binary()?;
+        let mut command = match self.wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(&binary);
+                command
+            }
+            None => Command::new(&binary),
+        };
+        let child = command
             .args(&self.options_args)
             .args([
                 "--root-dir",
@@ -227,6 +270,8 @@ impl Agent {
                 &self.healthz_port.to_string(),
                 "--container-runtime-endpoint",
                 &format!("unix://{CONTAINERD_SOCKET}"),
+                "--events-socket",
+                &self.events_socket().display().to_string(),
             ])
             .env("RINGLET_LOG", "ringlet=debug,info")
             .stdout(log.try_clone()?)
@@ -243,6 +288,46 @@ impl Agent {
     /// The agent's log so far (for assertion messages).
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// The agent's `/metrics` (Prometheus text) from the read-only port.
+    pub fn metrics(&self) -> Result<String> {
+        let (code, body) = http_get(self.read_only_port, "/metrics")?;
+        if code != 200 {
+            bail!("/metrics answered {code}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// One sample of `/metrics`, e.g. `ringlet_pleg_relists_total{type="full"}`; 0 when the agent
+    /// does not export it (yet).
+    pub fn metric(&self, series: &str) -> Result<u64> {
+        Ok(metric_value(&self.metrics()?, series).unwrap_or(0))
+    }
+
+    /// Stops the agent with SIGTERM, as an operator would, and waits (bounded) for it to exit;
+    /// returns whether it exited successfully. Dropping the agent afterwards starts it again to
+    /// clean up.
+    pub fn stop(&mut self) -> Result<bool> {
+        let Some(mut child) = self.child.take() else {
+            bail!("the agent is not running");
+        };
+        let pid = i32::try_from(child.id())?;
+        // SAFETY: `pid` is our own child, not yet reaped, so it cannot name another process.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let status = wait_for(
+            "the agent to exit after SIGTERM",
+            Duration::from_secs(30),
+            || child.try_wait().ok().flatten(),
+        );
+        match status {
+            Ok(status) => Ok(status.success()),
+            Err(error) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(error)
+            }
+        }
     }
 
     /// Stops the agent with SIGKILL, as a crash would; its containers keep running.
@@ -307,7 +392,21 @@ impl Agent {
     }
 }
 
-fn tail(text: &str, lines: usize) -> String {
+/// The value of `series` (name and labels exactly as the agent prints them, e.g.
+/// `ringlet_pleg_mode{mode="ebpf"}`) in Prometheus text `metrics`, for counters and gauges with
+/// whole values.
+pub fn metric_value(metrics: &str, series: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok()).flatten()
+        })
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -1,0 +1,655 @@
+//! End-to-end: the eBPF PLEG on the real kernel and the lab's containerd. Container starts, exits
+//! and OOM kills reach `/pods` through kernel hints and targeted relists while the safety relist is
+//! ten minutes away; lost kernel events (a one-page ring buffer) turn into a full relist; the agent
+//! falls back to the relist PLEG, saying why, when the programs cannot load; the pins exist while it
+//! runs and go on SIGTERM; `ringlet events` streams the deaths.
+//!
+//! Run as root after `cargo xtask lab up`, one test at a time (`--test-threads=1`): the pins under
+//! `/sys/fs/bpf/ringlet` are one per machine.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use ringlet_tests::{
+    Agent, AgentOptions, busybox_pod, container_status, http_get, phase, require_ebpf_lab,
+    ringlet_binary, tail, wait_for,
+};
+use serde_json::Value;
+
+/// Upper bound for a pod to start on this machine (image present, sandbox ~0.1 s, containers ~0.1 s).
+const START: Duration = Duration::from_mins(1);
+/// The safety relist period of these tests: nothing they wait for may come from it.
+const SAFETY_PERIOD: &str = "10m";
+/// Upper bound for a kernel-reported change to reach `/pods` through a hint: a targeted relist, a
+/// pod sync and a status update, on a shared 2-core machine. Far below [`SAFETY_PERIOD`].
+const HINTED: Duration = Duration::from_secs(8);
+/// The pin directory of the eBPF PLEG.
+const PIN_DIR: &str = "/sys/fs/bpf/ringlet";
+const MAPS: [&str; 4] = [
+    "ringlet_events",
+    "ringlet_drops",
+    "ringlet_pods_cg",
+    "ringlet_started",
+];
+const PROGRAMS: [&str; 5] = [
+    "ringlet_mkdir",
+    "ringlet_rmdir",
+    "ringlet_exec",
+    "ringlet_exit",
+    "ringlet_oom",
+];
+/// Pods the overflow test runs.
+const BURST_PODS: usize = 20;
+const FULL: &str = r#"ringlet_pleg_relists_total{type="full"}"#;
+const TARGETED: &str = r#"ringlet_pleg_relists_total{type="targeted"}"#;
+
+fn ebpf_agent(test: &str, extra: &[&str]) -> Result<Agent> {
+    let mut args = vec![
+        "--pleg-mode=ebpf".to_owned(),
+        format!("--pleg-relist-period={SAFETY_PERIOD}"),
+    ];
+    args.extend(extra.iter().map(|&a| a.to_owned()));
+    let agent = Agent::start(
+        test,
+        AgentOptions {
+            manifest_url: None,
+            args,
+        },
+    )?;
+    let mode = agent.metric(r#"ringlet_pleg_mode{mode="ebpf"}"#)?;
+    ensure!(
+        mode == 1,
+        "the agent did not start in ebpf mode; log:\n{}",
+        tail(&agent.log(), 40)
+    );
+    Ok(agent)
+}
+
+/// The agent's log lines about the PLEG and pod `name` (other agents' orphans make the rest noisy).
+fn pleg_log(agent: &Agent, name: &str) -> String {
+    let full = format!("{name}-{}", agent.node);
+    let lines: Vec<String> = agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("pleg") || l.contains("relist") || l.contains(&full))
+        .map(str::to_owned)
+        .collect();
+    tail(&lines.join("\n"), 80)
+}
+
+/// What the PLEG's log says about the full relists requested in `window` (a stretch of the agent's
+/// log): how many hints about other pods (other agents' on this machine) or resyncs asked for one.
+/// Fails when a hint about `our_uid` did, since then `our_uid` was not known to the PLEG.
+fn relist_requests(window: &str, our_uid: &str) -> Result<usize> {
+    let mut requests = 0;
+    for line in window.lines() {
+        if line.contains("hint for a pod the pleg does not know") {
+            ensure!(
+                !line.contains(our_uid),
+                "the PLEG did not know the pod: {line}"
+            );
+            requests += 1;
+        } else if line.contains("hint source asked for a full relist") {
+            requests += 1;
+        }
+    }
+    Ok(requests)
+}
+
+/// Checks that the full relists between two snapshots were all asked for by hints about other pods
+/// (or none at all on a quiet machine): none was the safety relist, none was needed for our pod.
+fn assert_no_safety_relist(full_delta: u64, window: &str, our_uid: &str) -> Result<()> {
+    let requests = u64::try_from(relist_requests(window, our_uid)?)?;
+    if requests == 0 {
+        ensure!(
+            full_delta == 0,
+            "{full_delta} full relists ran though nothing asked for one"
+        );
+    } else {
+        // One more for a request logged just before the window whose relist ran inside it.
+        ensure!(
+            full_delta <= requests + 1,
+            "{full_delta} full relists ran, only {requests} were asked for by other pods' hints"
+        );
+        eprintln!(
+            "note: {requests} full relists were asked for by other pods' hints (another agent runs here)"
+        );
+    }
+    Ok(())
+}
+
+/// The agent's `ringlet_pleg_*` counters, for failure messages.
+fn pleg_metrics(agent: &Agent) -> String {
+    agent
+        .metrics()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.starts_with("ringlet_pleg_hints")
+                || l.starts_with("ringlet_pleg_relists")
+                || l.starts_with("ringlet_ebpf")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn running(pod: &Value, container: &str) -> bool {
+    container_status(pod, container).is_some_and(|c| c["state"]["running"].is_object())
+}
+
+fn terminated<'a>(pod: &'a Value, container: &str) -> Option<&'a Value> {
+    container_status(pod, container)
+        .map(|c| &c["state"]["terminated"])
+        .filter(|t| t.is_object())
+}
+
+fn init_status<'a>(pod: &'a Value, container: &str) -> Option<&'a Value> {
+    pod["status"]["initContainerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == container)
+}
+
+#[test]
+fn an_exit_reaches_pods_through_a_hint_not_a_safety_relist() -> Result<()> {
+    if !require_ebpf_lab("an_exit_reaches_pods_through_a_hint_not_a_safety_relist") {
+        return Ok(());
+    }
+    let agent = ebpf_agent("ebpf-exit", &[])?;
+    agent.write_manifest(
+        "exit.yaml",
+        &busybox_pod("exit", "Never", "sleep 3; exit 7"),
+    )?;
+    let pod = agent.wait_pod("exit", "running", START, |p| running(p, "main"))?;
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    // A new pod is unknown to the PLEG, so its first cgroup's hint asks for a full relist; from here
+    // on only hints about a known pod can tell the PLEG anything.
+    let mark = agent.log().len();
+    let full_before = agent.metric(FULL)?;
+    let targeted_before = agent.metric(TARGETED)?;
+    let seen_running = Instant::now();
+
+    let pod = agent
+        .wait_pod("exit", "terminated", HINTED, |p| {
+            terminated(p, "main").is_some()
+        })
+        .with_context(|| pleg_log(&agent, "exit"))?;
+    let waited = seen_running.elapsed();
+    let main = terminated(&pod, "main").cloned().unwrap_or_default();
+    assert_eq!(main["exitCode"], 7, "{main}");
+    assert_eq!(main["reason"], "Error", "{main}");
+    assert_eq!(phase(&pod), "Failed");
+
+    let metrics = agent.metrics()?;
+    let full_after = ringlet_tests::metric_value(&metrics, FULL).unwrap_or_default();
+    let targeted_after = ringlet_tests::metric_value(&metrics, TARGETED).unwrap_or_default();
+    assert_no_safety_relist(
+        full_after - full_before,
+        agent.log().get(mark..).unwrap_or_default(),
+        &uid,
+    )
+    .with_context(|| format!("between the start and the exit ({waited:?})"))?;
+    // Only a pod the PLEG knows gets a targeted relist, and this agent knows only this one.
+    assert!(
+        targeted_after > targeted_before,
+        "the exit must have been read by a targeted relist: {targeted_before} -> {targeted_after}"
+    );
+    assert!(
+        ringlet_tests::metric_value(&metrics, r#"ringlet_pleg_hints_total{kind="died"}"#)
+            .unwrap_or_default()
+            >= 1
+    );
+    Ok(())
+}
+
+#[test]
+fn a_start_reaches_pods_through_a_hint_not_a_safety_relist() -> Result<()> {
+    if !require_ebpf_lab("a_start_reaches_pods_through_a_hint_not_a_safety_relist") {
+        return Ok(());
+    }
+    let agent = ebpf_agent("ebpf-start", &[])?;
+    // The init container's exit lets the main container start: both are news about a pod the PLEG
+    // already knows, so only hints can bring them in before the safety relist.
+    agent.write_manifest(
+        "start.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: start
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 2
+  initContainers:
+  - name: setup
+    image: busybox
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "sleep 3"]
+  containers:
+  - name: main
+    image: busybox
+    imagePullPolicy: IfNotPresent
+    command: ["sleep", "3600"]
+"#,
+    )?;
+    let pod = agent.wait_pod("start", "init container running", START, |p| {
+        init_status(p, "setup").is_some_and(|c| c["state"]["running"].is_object())
+    })?;
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let mark = agent.log().len();
+    let full_before = agent.metric(FULL)?;
+    let targeted_before = agent.metric(TARGETED)?;
+    let started_before = agent.metric(r#"ringlet_pleg_hints_total{kind="started"}"#)?;
+
+    let pod = agent
+        .wait_pod("start", "main running", HINTED, |p| running(p, "main"))
+        .with_context(|| pleg_log(&agent, "start"))
+        .with_context(|| pleg_metrics(&agent))
+        .with_context(|| {
+            let main = agent
+                .pod("start")
+                .and_then(|p| container_status(&p, "main").cloned());
+            format!("main on /pods: {main:?}")
+        })?;
+    let setup = init_status(&pod, "setup").cloned().unwrap_or_default();
+    assert_eq!(setup["state"]["terminated"]["exitCode"], 0, "{setup}");
+    assert_eq!(phase(&pod), "Running");
+    assert_no_safety_relist(
+        agent.metric(FULL)? - full_before,
+        agent.log().get(mark..).unwrap_or_default(),
+        &uid,
+    )
+    .context("between the init container's start and main's")?;
+    assert!(
+        agent.metric(TARGETED)? > targeted_before,
+        "main's start must have been read by a targeted relist"
+    );
+    assert!(
+        agent.metric(r#"ringlet_pleg_hints_total{kind="started"}"#)? > started_before,
+        "main's first exec must have been hinted"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_oom_kill_is_reported_without_a_safety_relist() -> Result<()> {
+    if !require_ebpf_lab("an_oom_kill_is_reported_without_a_safety_relist") {
+        return Ok(());
+    }
+    let agent = ebpf_agent("ebpf-oom", &[])?;
+    let written = Instant::now();
+    agent.write_manifest(
+        "hog.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hog
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: busybox
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${#a}"]
+    resources:
+      limits: {memory: 32Mi}
+"#,
+    )?;
+    // The manifest poll (2 s), the start and the allocation, then the hinted exit: seconds, where a
+    // safety relist would take ten minutes.
+    let pod = agent.wait_pod("hog", "Failed", Duration::from_secs(30), |p| {
+        phase(p) == "Failed"
+    })?;
+    let main = terminated(&pod, "main").cloned().unwrap_or_default();
+    assert_eq!(
+        main["reason"],
+        "OOMKilled",
+        "{main} after {:?}",
+        written.elapsed()
+    );
+    assert_eq!(main["exitCode"], 137, "{main}");
+    assert!(
+        agent.metric(r#"ringlet_pleg_hints_total{kind="oom_killed"}"#)? >= 1,
+        "the kernel's OOM victim must have been hinted"
+    );
+    assert!(agent.metric(TARGETED)? >= 1);
+    Ok(())
+}
+
+/// Cgroup directories made below the pods' parent to flood the ring buffer; removed on drop.
+struct CgroupBurst {
+    root: PathBuf,
+}
+
+impl CgroupBurst {
+    fn new() -> Result<Self> {
+        let root = PathBuf::from(format!(
+            "/sys/fs/cgroup/unified/kubepods/e2e-burst-{}",
+            std::process::id()
+        ));
+        fs::create_dir(&root).with_context(|| format!("creating {}", root.display()))?;
+        Ok(Self { root })
+    }
+
+    /// Makes and removes `count` cgroups as fast as possible: two kernel events each.
+    fn churn(&self, count: usize) -> Result<()> {
+        for round in 0..count {
+            let dir = self.root.join(format!("c{round}"));
+            fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            fs::remove_dir(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CgroupBurst {
+    fn drop(&mut self) {
+        if let Ok(entries) = fs::read_dir(&self.root) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = fs::remove_dir(entry.path());
+                }
+            }
+        }
+        let _ = fs::remove_dir(&self.root);
+    }
+}
+
+#[test]
+fn lost_kernel_events_force_a_full_relist_and_no_pod_is_missed() -> Result<()> {
+    if !require_ebpf_lab("lost_kernel_events_force_a_full_relist_and_no_pod_is_missed") {
+        return Ok(());
+    }
+    let agent = ebpf_agent("ebpf-overflow", &["--ebpf-ring-buffer-bytes=4096"])?;
+    for i in 0..BURST_PODS {
+        agent.write_manifest(
+            &format!("job{i}.yaml"),
+            &busybox_pod(&format!("job{i}"), "Never", "exit 0"),
+        )?;
+    }
+    // A one-page ring buffer holds about 17 events; a thousand in a tight loop cannot all fit.
+    let burst = CgroupBurst::new()?;
+    wait_for("ring-buffer drops", Duration::from_secs(30), || {
+        burst.churn(500).ok()?;
+        let drops = agent.metric("ringlet_ebpf_ring_buffer_drops_total").ok()?;
+        (drops > 0).then_some(())
+    })?;
+    drop(burst);
+
+    for i in 0..BURST_PODS {
+        agent.wait_pod(&format!("job{i}"), "Succeeded", START, |p| {
+            phase(p) == "Succeeded" && terminated(p, "main").is_some_and(|t| t["exitCode"] == 0)
+        })?;
+    }
+    let metrics = agent.metrics()?;
+    let value = |series: &str| ringlet_tests::metric_value(&metrics, series).unwrap_or_default();
+    assert!(value("ringlet_ebpf_ring_buffer_drops_total") > 0);
+    assert!(
+        value(r#"ringlet_pleg_hints_total{kind="resync"}"#) > 0,
+        "lost events must ask for a resync; log:\n{}",
+        tail(&agent.log(), 40)
+    );
+    assert!(value(FULL) > 1, "full relists: {}", value(FULL));
+    assert!(
+        agent
+            .log()
+            .contains("the BPF ring buffer was full: events lost, relisting everything"),
+        "the agent must say why it relists"
+    );
+    Ok(())
+}
+
+#[test]
+fn without_bpffs_the_agent_says_why_and_runs_the_relist_pleg() -> Result<()> {
+    if !require_ebpf_lab("without_bpffs_the_agent_says_why_and_runs_the_relist_pleg") {
+        return Ok(());
+    }
+    // The agent gets a mount namespace of its own where /sys/fs/bpf is a tmpfs: the pins cannot be
+    // made, so the programs are not loaded. The host's mounts stay as they are (private propagation).
+    let agent = Agent::start_wrapped(
+        "ebpf-fallback",
+        AgentOptions {
+            manifest_url: None,
+            args: vec![
+                "--pleg-mode=ebpf".to_owned(),
+                "--pleg-relist-period=1s".to_owned(),
+            ],
+        },
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            r#"mount -t tmpfs e2e-no-bpffs /sys/fs/bpf && exec "$0" "$@""#,
+        ],
+    )?;
+    assert_eq!(agent.metric(r#"ringlet_pleg_mode{mode="relist"}"#)?, 1);
+    assert_eq!(agent.metric(r#"ringlet_pleg_mode{mode="ebpf"}"#)?, 0);
+    let log = agent.log();
+    let reason = log
+        .lines()
+        .find(|l| l.contains("eBPF PLEG unavailable, running the relist PLEG: "))
+        .with_context(|| format!("no fallback line in the log:\n{}", tail(&log, 40)))?;
+    assert!(
+        reason.contains("/sys/fs/bpf is not on a bpf filesystem"),
+        "the reason must name the missing bpffs: {reason}"
+    );
+    assert!(!Path::new(PIN_DIR).exists(), "a relist agent pins nothing");
+    let (_, healthz) = http_get(agent.healthz_port, "/healthz?verbose")?;
+    assert!(healthz.contains("info: pleg: mode relist"), "{healthz}");
+
+    agent.write_manifest(
+        "exit.yaml",
+        &busybox_pod("exit", "Never", "sleep 1; exit 3"),
+    )?;
+    let pod = agent.wait_pod("exit", "terminated", START, |p| {
+        terminated(p, "main").is_some()
+    })?;
+    assert_eq!(terminated(&pod, "main").unwrap()["exitCode"], 3);
+    assert!(
+        agent.metric(FULL)? > 1,
+        "the relist PLEG relists every second"
+    );
+    assert_eq!(agent.metric(TARGETED)?, 0);
+    Ok(())
+}
+
+#[test]
+fn relist_mode_loads_no_programs() -> Result<()> {
+    if !require_ebpf_lab("relist_mode_loads_no_programs") {
+        return Ok(());
+    }
+    let agent = Agent::start(
+        "ebpf-relist",
+        AgentOptions {
+            manifest_url: None,
+            args: vec!["--pleg-mode=relist".to_owned()],
+        },
+    )?;
+    assert_eq!(agent.metric(r#"ringlet_pleg_mode{mode="relist"}"#)?, 1);
+    assert!(!Path::new(PIN_DIR).exists(), "a relist agent pins nothing");
+    assert!(
+        !agent.log().contains("eBPF PLEG unavailable"),
+        "relist mode is chosen, not a fallback"
+    );
+    agent.write_manifest("app.yaml", &busybox_pod("app", "Never", "exec sleep 3600"))?;
+    agent.wait_pod("app", "running", START, |p| running(p, "main"))?;
+    Ok(())
+}
+
+fn bpftool(args: &[&str]) -> Result<String> {
+    let out = Command::new("bpftool")
+        .args(args)
+        .output()
+        .context("cannot run bpftool (install the lab's bpftool package)")?;
+    ensure!(
+        out.status.success(),
+        "bpftool {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn the_pins_exist_while_the_agent_runs_and_go_on_sigterm() -> Result<()> {
+    if !require_ebpf_lab("the_pins_exist_while_the_agent_runs_and_go_on_sigterm") {
+        return Ok(());
+    }
+    let mut agent = ebpf_agent("ebpf-pins", &[])?;
+    for name in MAPS.iter().chain(&PROGRAMS) {
+        let pin = Path::new(PIN_DIR).join(name);
+        assert!(pin.exists(), "{} is missing", pin.display());
+    }
+    let drops = bpftool(&[
+        "-j",
+        "map",
+        "dump",
+        "pinned",
+        &format!("{PIN_DIR}/ringlet_drops"),
+    ])?;
+    let drops: Value = serde_json::from_str(&drops)?;
+    assert!(
+        drops.as_array().is_some_and(|entries| !entries.is_empty()),
+        "{drops}"
+    );
+    let prog: Value =
+        serde_json::from_str(&bpftool(&["-j", "prog", "show", "name", "ringlet_exit"])?)?;
+    let progs: Vec<Value> = match prog {
+        Value::Array(items) => items,
+        one => vec![one],
+    };
+    assert!(
+        progs
+            .iter()
+            .any(|p| p["name"] == "ringlet_exit" && p["type"] == "tracing"),
+        "{progs:?}"
+    );
+    let (_, healthz) = http_get(agent.healthz_port, "/healthz?verbose")?;
+    assert!(healthz.contains("info: pleg: mode ebpf"), "{healthz}");
+
+    assert!(agent.stop()?, "the agent must exit cleanly on SIGTERM");
+    assert!(
+        !Path::new(PIN_DIR).exists(),
+        "{PIN_DIR} must be gone after SIGTERM; log:\n{}",
+        tail(&agent.log(), 20)
+    );
+    let after = Command::new("bpftool")
+        .args(["-j", "prog", "show", "name", "ringlet_exit"])
+        .output()?;
+    let left = String::from_utf8_lossy(&after.stdout);
+    assert!(
+        !after.status.success() || !left.contains("ringlet_exit"),
+        "the program must be detached and unloaded: {left}"
+    );
+    Ok(())
+}
+
+/// `ringlet events` as a child process; its stdout lines arrive on a channel. Killed on drop.
+struct EventsWatcher {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl EventsWatcher {
+    fn start(socket: &Path) -> Result<Self> {
+        let mut child = Command::new(ringlet_binary()?)
+            .args(["events", "--socket"])
+            .arg(socket)
+            .args(["--output", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start ringlet events")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Self { child, lines })
+    }
+
+    /// The first event accepted by `check`, within `timeout`; fails with every line seen.
+    fn wait(&self, timeout: Duration, check: impl Fn(&Value) -> bool) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let event: Value =
+                        serde_json::from_str(&line).with_context(|| format!("not JSON: {line}"))?;
+                    if check(&event) {
+                        return Ok(event);
+                    }
+                    seen.push(line);
+                }
+                Err(_) => bail!(
+                    "no matching event within {timeout:?}; saw:\n{}",
+                    seen.join("\n")
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for EventsWatcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn ringlet_events_streams_a_container_death_with_its_exit_code() -> Result<()> {
+    if !require_ebpf_lab("ringlet_events_streams_a_container_death_with_its_exit_code") {
+        return Ok(());
+    }
+    let agent = ebpf_agent("ebpf-events", &[])?;
+    let watcher = EventsWatcher::start(&agent.events_socket())?;
+    let pod_name = format!("exit-{}", agent.node);
+    agent.write_manifest(
+        "exit.yaml",
+        &busybox_pod("exit", "Never", "sleep 2; exit 5"),
+    )?;
+    let started = watcher.wait(START, |e| {
+        e["kind"] == "ContainerStarted" && e["pod"] == pod_name.as_str() && e["container"] == "main"
+    })?;
+    assert_eq!(started["namespace"], "default");
+    assert!(started["exit_code"].is_null(), "{started}");
+    let died = watcher.wait(START, |e| {
+        e["kind"] == "ContainerDied" && e["pod"] == pod_name.as_str() && e["container"] == "main"
+    })?;
+    assert_eq!(died["exit_code"], 5, "{died}");
+    assert_eq!(died["namespace"], "default", "{died}");
+    assert!(
+        died["kernel_to_event_ns"].as_u64().is_some_and(|ns| ns > 0),
+        "a hinted death carries its kernel → event latency: {died}"
+    );
+    let pod = agent.pod("exit").context("the pod left /pods")?;
+    assert_eq!(
+        died["pod_uid"], pod["metadata"]["uid"],
+        "the event names the pod's uid"
+    );
+    Ok(())
+}
