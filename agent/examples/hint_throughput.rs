@@ -46,7 +46,9 @@ struct Args {
 }
 
 fn pod_dir(parent: &Path, pod: usize) -> PathBuf {
-    parent.join(format!("besteffort/pod{pod:08x}-beef-0000-0000-000000000000"))
+    parent.join(format!(
+        "besteffort/pod{pod:08x}-beef-0000-0000-000000000000"
+    ))
 }
 
 struct Churn {
