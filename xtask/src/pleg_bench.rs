@@ -27,10 +27,12 @@ const NODE: &str = "bench-pleg";
 const POLL: Duration = Duration::from_millis(2);
 /// ebpf mode pins under one global bpffs directory: another agent's pins mean it is running.
 const PIN_DIR: &str = "/sys/fs/bpf/ringlet";
-const PIN_WAIT: Duration = Duration::from_mins(5);
+const PIN_WAIT: Duration = Duration::from_mins(15);
+const PINS_FREE_FOR: Duration = Duration::from_secs(20);
 const EVENT_HISTOGRAM: &str = "ringlet_pleg_event_latency_seconds";
 const STATUS_HISTOGRAM: &str = "ringlet_pod_status_latency_seconds";
-const MODES: [&str; 2] = ["ebpf", "relist"];
+// relist first: it needs no pins, so it runs while another agent may still hold them.
+const MODES: [&str; 2] = ["relist", "ebpf"];
 
 #[derive(clap::Args)]
 pub struct PlegArgs {
@@ -162,19 +164,24 @@ spec:
     )
 }
 
-/// Waits (bounded) until no other agent holds the global pins: starting would clear them.
+/// Waits (bounded) until no other agent holds the global pins: starting would clear them. A test
+/// suite starts agents back to back, so the pins must stay free for a while, not just an instant.
 fn wait_for_free_pins() -> Result<()> {
     let started = Instant::now();
+    let mut free_since: Option<Instant> = None;
     loop {
         let busy = fs::read_dir(PIN_DIR).is_ok_and(|mut d| d.next().is_some());
-        if !busy {
+        if busy {
+            if free_since.take().is_some() || started.elapsed().as_secs().is_multiple_of(30) {
+                println!("{PIN_DIR} is in use by another agent; waiting");
+            }
+        } else if free_since.get_or_insert_with(Instant::now).elapsed() >= PINS_FREE_FOR {
             return Ok(());
         }
         if started.elapsed() > PIN_WAIT {
             bail!("{PIN_DIR} stayed in use by another agent for {PIN_WAIT:?}");
         }
-        println!("{PIN_DIR} is in use by another agent; waiting");
-        std::thread::sleep(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
