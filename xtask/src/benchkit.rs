@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{cargo, cmd, http, lab};
@@ -169,7 +169,7 @@ pub fn git_commit(root: &Path) -> String {
     if dirty { format!("{head}-dirty") } else { head }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Machine {
     pub cpu: String,
     pub cpus: usize,

@@ -4,6 +4,7 @@
 //! histograms (agent side). Then a synthetic high-density churn without containerd for the
 //! kernel → userspace part (`agent/examples/hint_throughput.rs`).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
@@ -12,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::benchkit::{
@@ -57,33 +58,39 @@ pub struct PlegArgs {
     /// Benchmark this ringlet binary instead of building target/release/ringlet.
     #[arg(long)]
     binary: Option<PathBuf>,
+    /// Measure nothing: write pleg.md and pleg.svg again from this pleg.json.
+    #[arg(long)]
+    render: Option<PathBuf>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct Metric {
-    mode: &'static str,
+    mode: Cow<'static, str>,
     #[serde(rename = "metric")]
-    name: &'static str,
+    name: Cow<'static, str>,
     /// Where the number comes from: `bench` (SIGKILL → seen on /pods) or `agent` (its histogram).
-    source: &'static str,
+    source: Cow<'static, str>,
+    /// Infinite (JSON null) when a histogram quantile lies above its largest bucket.
+    #[serde(deserialize_with = "null_is_infinite")]
     median_ms: f64,
+    #[serde(deserialize_with = "null_is_infinite")]
     p99_ms: f64,
     samples: usize,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     samples_ms: Vec<f64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct IdleCpu {
-    mode: &'static str,
+    mode: Cow<'static, str>,
     pods: usize,
     cpu_seconds_per_minute: f64,
     window_s: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct Report {
-    benchmark: &'static str,
+    benchmark: Cow<'static, str>,
     date: String,
     commit: String,
     machine: benchkit::Machine,
@@ -100,8 +107,15 @@ pub fn pleg(args: &PlegArgs) -> Result<()> {
     if args.exits == 0 || args.exits > most {
         bail!("--exits must be between 1 and the largest pod count ({most})");
     }
-    lab::up()?;
     let root = workspace_root();
+    let out_dir = root.join("bench/results");
+    if let Some(json) = &args.render {
+        let text = fs::read(json).with_context(|| format!("reading {}", json.display()))?;
+        let report: Report =
+            serde_json::from_slice(&text).with_context(|| format!("parsing {}", json.display()))?;
+        return write_views(&out_dir, &report, args);
+    }
+    lab::up()?;
     let binary = benchkit::ringlet_binary(&root, args.binary.as_deref())?;
     cmd::run(cargo().current_dir(&root).args([
         "build",
@@ -124,7 +138,7 @@ pub fn pleg(args: &PlegArgs) -> Result<()> {
     let synthetic = synthetic(&root, args)?;
 
     let report = Report {
-        benchmark: "pleg",
+        benchmark: "pleg".into(),
         date: now_utc()?,
         commit: git_commit(&root),
         machine: benchkit::machine()?,
@@ -132,15 +146,25 @@ pub fn pleg(args: &PlegArgs) -> Result<()> {
         idle_cpu,
         synthetic,
     };
-    let out_dir = root.join("bench/results");
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let json_path = out_dir.join("pleg.json");
     fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
-    let md = markdown(&report, args);
-    fs::write(out_dir.join("pleg.md"), &md)?;
-    fs::write(out_dir.join("pleg.svg"), svg(&report.latency))?;
-    println!("{md}\nwrote bench/results/pleg.{{json,md,svg}}");
+    write_views(&out_dir, &report, args)
+}
+
+fn write_views(out_dir: &Path, report: &Report, args: &PlegArgs) -> Result<()> {
+    let md = markdown(report, args);
+    let md_path = out_dir.join("pleg.md");
+    fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+    let svg_path = out_dir.join("pleg.svg");
+    fs::write(&svg_path, svg(&report.latency))
+        .with_context(|| format!("writing {}", svg_path.display()))?;
+    println!(
+        "{md}\nwrote {} and {}",
+        md_path.display(),
+        svg_path.display()
+    );
     Ok(())
 }
 
@@ -258,7 +282,7 @@ fn measure_mode(
         let per_minute = used / clock_ticks() * 60.0 / args.window as f64;
         println!("idle CPU with {pods} pods: {per_minute:.3} CPU-s/min");
         idle.push(IdleCpu {
-            mode,
+            mode: mode.into(),
             pods,
             cpu_seconds_per_minute: per_minute,
             window_s: args.window,
@@ -290,9 +314,9 @@ fn measure_mode(
         let delta = histogram(&after, family).minus(&histogram(&before, family));
         if delta.count > 0 {
             metrics.push(Metric {
-                mode,
-                name,
-                source: "agent",
+                mode: mode.into(),
+                name: name.into(),
+                source: "agent".into(),
                 median_ms: delta.quantile(0.5) * 1000.0,
                 p99_ms: delta.quantile(0.99) * 1000.0,
                 samples: usize::try_from(delta.count)?,
@@ -311,9 +335,9 @@ fn metric(
 ) -> Metric {
     samples_ms.sort_by(f64::total_cmp);
     Metric {
-        mode,
-        name,
-        source,
+        mode: mode.into(),
+        name: name.into(),
+        source: source.into(),
         median_ms: percentile(&samples_ms, 50.0),
         p99_ms: percentile(&samples_ms, 99.0),
         samples: samples_ms.len(),
@@ -426,16 +450,11 @@ fn synthetic(root: &Path, args: &PlegArgs) -> Result<Value> {
     Ok(value)
 }
 
-fn ratio(report: &Report, name: &str, source: &str, p99: bool) -> Option<(f64, f64, f64)> {
+fn ratio(report: &Report, name: &str, source: &str, p99: bool) -> Option<f64> {
     let get = |mode: &str| {
-        report
-            .latency
-            .iter()
-            .find(|m| m.mode == mode && m.name == name && m.source == source)
-            .map(|m| if p99 { m.p99_ms } else { m.median_ms })
+        find(report, mode, name, source).map(|m| if p99 { m.p99_ms } else { m.median_ms })
     };
-    let (ebpf, relist) = (get("ebpf")?, get("relist")?);
-    Some((ebpf, relist, relist / ebpf))
+    Some(get("relist")? / get("ebpf")?)
 }
 
 fn markdown(report: &Report, args: &PlegArgs) -> String {
@@ -462,8 +481,13 @@ fn markdown(report: &Report, args: &PlegArgs) -> String {
     for m in &report.latency {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {:.2} | {} |",
-            m.name, m.source, m.mode, m.median_ms, m.p99_ms, m.samples
+            "| {} | {} | {} | {} | {} | {} |",
+            m.name,
+            m.source,
+            m.mode,
+            show_ms(m.median_ms),
+            show_ms(m.p99_ms),
+            m.samples
         );
     }
     if let (Some(median), Some(p99)) = (
@@ -472,8 +496,7 @@ fn markdown(report: &Report, args: &PlegArgs) -> String {
     ) {
         let _ = writeln!(
             out,
-            "\nexit → status on `/pods`, relist / ebpf: median {:.1}×, p99 {:.1}×\n",
-            median.2, p99.2
+            "\nexit → status on `/pods`, relist / ebpf: median {median:.1}×, p99 {p99:.1}×\n"
         );
     }
     let _ = write!(
@@ -485,20 +508,14 @@ fn markdown(report: &Report, args: &PlegArgs) -> String {
         args.window, args.settle
     );
     for &pods in &args.pods {
-        let get = |mode: &str| {
-            report
-                .idle_cpu
-                .iter()
-                .find(|c| c.mode == mode && c.pods == pods)
-                .map_or(f64::NAN, |c| c.cpu_seconds_per_minute)
-        };
-        let (ebpf, relist) = (get("ebpf"), get("relist"));
+        let (ebpf, relist) = (idle(report, "ebpf", pods), idle(report, "relist", pods));
         let _ = writeln!(
             out,
             "| {pods} | {ebpf:.3} | {relist:.3} | {:.1}× |",
             relist / ebpf
         );
     }
+    targets(&mut out, report, args);
     let s = &report.synthetic;
     let _ = write!(
         out,
@@ -527,6 +544,90 @@ fn markdown(report: &Report, args: &PlegArgs) -> String {
         s["latency_us"]["max"].as_f64().unwrap_or(f64::NAN),
     );
     out
+}
+
+fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
+}
+
+/// Milliseconds for a table; a histogram quantile above the largest bucket has no bound.
+fn show_ms(v: f64) -> String {
+    if v.is_infinite() {
+        "above the largest bucket (2.5 s)".to_owned()
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// A histogram quantile: the bucket's upper bound.
+fn bucket(v: f64) -> String {
+    if v.is_infinite() {
+        "> 2500".to_owned()
+    } else {
+        format!("≤ {v:.2}")
+    }
+}
+
+fn find<'a>(report: &'a Report, mode: &str, name: &str, source: &str) -> Option<&'a Metric> {
+    report
+        .latency
+        .iter()
+        .find(|m| m.mode == mode && m.name == name && m.source == source)
+}
+
+fn idle(report: &Report, mode: &str, pods: usize) -> f64 {
+    report
+        .idle_cpu
+        .iter()
+        .find(|c| c.mode == mode && c.pods == pods)
+        .map_or(f64::NAN, |c| c.cpu_seconds_per_minute)
+}
+
+/// The issue's targets next to what was measured.
+fn targets(out: &mut String, report: &Report, args: &PlegArgs) {
+    let verdict = |met: bool| if met { "met" } else { "**not met**" };
+    let p99 = |mode: &str, name: &str, source: &str| {
+        find(report, mode, name, source).map_or(f64::NAN, |m| m.p99_ms)
+    };
+    let event = p99("ebpf", "kernel → PLEG event", "agent");
+    let status_agent = p99("ebpf", "kernel → status", "agent");
+    let pods_ebpf = p99("ebpf", "exit → status on /pods", "bench");
+    let pods_relist = p99("relist", "exit → status on /pods", "bench");
+    let (fewest, most) = (
+        args.pods.first().copied().unwrap_or_default(),
+        args.pods.last().copied().unwrap_or_default(),
+    );
+    let (cpu_few, cpu_most, cpu_relist) = (
+        idle(report, "ebpf", fewest),
+        idle(report, "ebpf", most),
+        idle(report, "relist", most),
+    );
+    let drops = report.synthetic["kernel_drops"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    let _ = write!(
+        out,
+        "\n## Targets (issue 3)\n\n| target | measured | verdict |\n|---|---|---|\n\
+         | ebpf exit → PLEG event p99 < 5 ms | agent histogram p99 {} ms | {} |\n\
+         | ebpf exit → status p99 < 20 ms | on `/pods` p99 {pods_ebpf:.2} ms; agent histogram \
+         p99 {} ms | {} |\n\
+         | ebpf ≥ 100× below relist (exit → status p99) | relist / ebpf = {:.1}× | {} |\n\
+         | ebpf idle CPU independent of pod count | {fewest} pods {cpu_few:.3}, {most} pods \
+         {cpu_most:.3} CPU-s/min | {} |\n\
+         | ebpf idle CPU ≥ 10× below relist at {most} pods | relist / ebpf = {:.1}× | {} |\n\
+         | no lost events in the synthetic churn | {drops} kernel drops | {} |\n",
+        bucket(event),
+        verdict(event < 5.0),
+        bucket(status_agent),
+        verdict(pods_ebpf < 20.0 && status_agent < 20.0),
+        pods_relist / pods_ebpf,
+        verdict(pods_relist / pods_ebpf >= 100.0),
+        // Within the window's resolution (one clock tick is 0.01 CPU-s) or within 50 %.
+        verdict((cpu_most - cpu_few).abs() <= (0.5 * cpu_few).max(0.03)),
+        cpu_relist / cpu_most,
+        verdict(cpu_relist / cpu_most >= 10.0),
+        verdict(drops == 0),
+    );
 }
 
 /// A CDF of the bench-side exit → status samples of both modes, log-scaled time axis.
