@@ -159,6 +159,7 @@ fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Met
         args.exits.min(pods),
         POLL,
         Duration::ZERO,
+        Duration::ZERO,
     )?;
     println!("{} exits timed", exits.len());
 

@@ -278,7 +278,8 @@ pub fn first_container(pod: &Value) -> Option<(String, String, u64)> {
 
 /// SIGKILLs the main process of one container in each of `count` pods of `namespace`, one at a
 /// time, and times how long `/pods` (polled every `poll`) takes to show each exit (the container
-/// terminated, restarted, or replaced). Waits `pause` after each sample.
+/// terminated, restarted, or replaced). Waits `pause` plus a spread part of `jitter` after each
+/// sample, so the kills do not lock to the phase of a periodic relist.
 pub fn time_exits(
     agent: &mut Agent,
     port: u16,
@@ -286,12 +287,18 @@ pub fn time_exits(
     count: usize,
     poll: Duration,
     pause: Duration,
+    jitter: Duration,
 ) -> Result<Vec<f64>> {
     let mut pods = bench_pods(port, namespace).context("reading /pods")?;
     pods.sort_by_key(|p| p["metadata"]["name"].as_str().map(str::to_owned));
     let task_pid = task_pids()?;
     let mut samples = Vec::new();
-    for (name, id, restarts) in pods.iter().filter_map(first_container).take(count) {
+    for (k, (name, id, restarts)) in pods
+        .iter()
+        .filter_map(first_container)
+        .take(count)
+        .enumerate()
+    {
         let Some(&pid) = task_pid.get(&id) else {
             println!("no running task for {name} ({id}); skipped");
             continue;
@@ -322,7 +329,10 @@ pub fn time_exits(
             }
             std::thread::sleep(poll);
         }
-        std::thread::sleep(pause);
+        // Steps of 0.61 of the jitter (mod 1) cover its range evenly without a random source.
+        #[allow(clippy::cast_precision_loss)]
+        let spread = (k * 61 % 100) as f64 / 100.0;
+        std::thread::sleep(pause + jitter.mul_f64(spread));
     }
     println!("{} exits timed", samples.len());
     Ok(samples)
