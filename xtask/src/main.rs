@@ -2,11 +2,13 @@
 //! runs the agent on example static pods, `test` runs every test tier, `bench` measures the agent.
 
 mod bench;
+mod benchkit;
 mod cmd;
 mod demo;
 mod http;
 mod lab;
 mod oci;
+mod pleg_bench;
 mod test;
 
 use std::path::PathBuf;
@@ -53,6 +55,8 @@ enum LabAction {
 enum Bench {
     /// Time from agent start to all static pods running, and from a container exit to the status change.
     Startup(bench::StartupArgs),
+    /// eBPF PLEG vs relist PLEG: exit latency, idle CPU, and a synthetic high-density churn.
+    Pleg(pleg_bench::PlegArgs),
 }
 
 fn main() -> Result<()> {
@@ -66,6 +70,7 @@ fn main() -> Result<()> {
         Command::Test => test::run(),
         Command::Bench { bench } => match bench {
             Bench::Startup(args) => bench::startup(&args),
+            Bench::Pleg(args) => pleg_bench::pleg(&args),
         },
     }
 }

@@ -1,0 +1,404 @@
+//! Pieces every `cargo xtask bench` shares: building and running the agent under test (always
+//! stopped, however the run ends), nearest-rank percentiles, containerd task listings, and the
+//! commit/machine description each result file carries.
+
+use std::collections::HashMap;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{cargo, cmd, http, lab};
+
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+const STOP_POLL: Duration = Duration::from_millis(10);
+const RUNNING_POLL: Duration = Duration::from_millis(10);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+const CLEANUP_TIMEOUT: Duration = Duration::from_mins(3);
+
+/// `binary`, or `target/release/ringlet` freshly built.
+pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
+    if let Some(binary) = binary {
+        return Ok(binary.to_path_buf());
+    }
+    cmd::run(
+        cargo()
+            .current_dir(root)
+            .args(["build", "--release", "-p", "ringlet"]),
+    )?;
+    Ok(root.join("target/release/ringlet"))
+}
+
+/// A running ringlet that is stopped (SIGTERM, then SIGKILL) however the run ends.
+pub struct Agent {
+    child: Child,
+    pub log: PathBuf,
+    stopped: bool,
+}
+
+impl Agent {
+    /// Starts `command` with stdout and stderr going to `log`.
+    pub fn spawn(command: &mut Command, log: PathBuf) -> Result<Self> {
+        let log_file =
+            fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("starting {command:?}"))?;
+        Ok(Self {
+            child,
+            log,
+            stopped: false,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn exited(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("ringlet exited with {status}; see {}", self.log.display());
+        }
+        Ok(())
+    }
+
+    pub fn stop(&mut self) {
+        // Once reaped, the pid may belong to another process: never signal it twice.
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        cmd::signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(STOP_POLL);
+        }
+        // Best effort: the run is over either way and the error has nowhere better to go.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Nearest-rank percentile of sorted samples (NaN when there are none).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Task id -> pid of every running task in containerd's CRI namespace.
+pub fn task_pids() -> Result<HashMap<String, u32>> {
+    let listing = cmd::output(lab::ctr().args(["tasks", "ls"]))?;
+    Ok(listing
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let id = fields.next()?;
+            let pid = fields.next()?.parse().ok()?;
+            (fields.next() == Some("RUNNING")).then(|| (id.to_owned(), pid))
+        })
+        .collect())
+}
+
+/// Containers (sandboxes included) that containerd still holds for pods of `namespace`.
+pub fn runtime_containers(namespace: &str) -> Result<Vec<String>> {
+    let filter = format!("labels.\"io.kubernetes.pod.namespace\"=={namespace}");
+    Ok(
+        cmd::output(lab::ctr().args(["containers", "ls", "-q", &filter]))?
+            .lines()
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+pub fn now_utc() -> Result<String> {
+    Ok(
+        cmd::output(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]))?
+            .trim()
+            .to_owned(),
+    )
+}
+
+pub fn git_commit(root: &Path) -> String {
+    let head =
+        cmd::output(
+            Command::new("git")
+                .current_dir(root)
+                .args(["rev-parse", "--short", "HEAD"]),
+        )
+        .map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned());
+    let dirty = cmd::output(Command::new("git").current_dir(root).args([
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+    ]))
+    .is_ok_and(|s| !s.trim().is_empty());
+    if dirty { format!("{head}-dirty") } else { head }
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub cpus: usize,
+    pub memory: String,
+    pub kernel: String,
+    pub containerd: String,
+}
+
+impl Machine {
+    pub fn describe(&self) -> String {
+        format!(
+            "{} × {}, {} memory, Linux {}, {}",
+            self.cpus, self.cpu, self.memory, self.kernel, self.containerd
+        )
+    }
+}
+
+fn proc_field(file: &str, key: &str) -> String {
+    fs::read_to_string(file)
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+pub fn machine() -> Result<Machine> {
+    let version = cmd::output(Command::new("containerd").arg("--version"))?;
+    Ok(Machine {
+        cpu: proc_field("/proc/cpuinfo", "model name"),
+        cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        memory: proc_field("/proc/meminfo", "MemTotal"),
+        kernel: fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned()),
+        containerd: version.trim().to_owned(),
+    })
+}
+
+/// The bench pods on `/pods`, or `None` while the server is not answering yet.
+pub fn bench_pods(port: u16, namespace: &str) -> Option<Vec<Value>> {
+    let body = http::get(port, "/pods").ok()?;
+    let list: Value = serde_json::from_slice(&body).ok()?;
+    Some(
+        list["items"]
+            .as_array()?
+            .iter()
+            .filter(|p| p["metadata"]["namespace"] == namespace)
+            .cloned()
+            .collect(),
+    )
+}
+
+pub fn all_containers_running(pod: &Value) -> bool {
+    let wanted = pod["spec"]["containers"].as_array().map_or(0, Vec::len);
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .is_some_and(|s| s.len() == wanted && s.iter().all(|c| c["state"]["running"].is_object()))
+}
+
+/// Polls `/pods` until every bench pod runs; returns each pod's time to Running since `started`.
+pub fn wait_all_running(
+    agent: &mut Agent,
+    port: u16,
+    pods: usize,
+    started: Instant,
+    namespace: &str,
+) -> Result<HashMap<String, f64>> {
+    let timeout = Duration::from_mins(1) + Duration::from_secs(2) * u32::try_from(pods)?;
+    let mut running = HashMap::new();
+    while running.len() < pods {
+        agent.exited()?;
+        if started.elapsed() > timeout {
+            bail!(
+                "only {} of {pods} pods running after {timeout:?}; see {}",
+                running.len(),
+                agent.log.display()
+            );
+        }
+        let now = ms(started.elapsed());
+        for pod in bench_pods(port, namespace).unwrap_or_default() {
+            if all_containers_running(&pod)
+                && let Some(name) = pod["metadata"]["name"].as_str()
+            {
+                running.entry(name.to_owned()).or_insert(now);
+            }
+        }
+        std::thread::sleep(RUNNING_POLL);
+    }
+    Ok(running)
+}
+
+/// The first container of a bench pod: (pod name, container id, restart count).
+pub fn first_container(pod: &Value) -> Option<(String, String, u64)> {
+    let status = &pod["status"]["containerStatuses"][0];
+    let id = status["containerID"].as_str()?;
+    let id = id.split_once("://").map_or(id, |(_, id)| id);
+    Some((
+        pod["metadata"]["name"].as_str()?.to_owned(),
+        id.to_owned(),
+        status["restartCount"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// SIGKILLs the main process of one container in each of `count` pods of `namespace`, one at a
+/// time, and times how long `/pods` (polled every `poll`) takes to show each exit (the container
+/// terminated, restarted, or replaced). Waits `pause` plus a spread part of `jitter` after each
+/// sample, so the kills do not lock to the phase of a periodic relist.
+pub fn time_exits(
+    agent: &mut Agent,
+    port: u16,
+    namespace: &str,
+    count: usize,
+    poll: Duration,
+    pause: Duration,
+    jitter: Duration,
+) -> Result<Vec<f64>> {
+    let mut pods = bench_pods(port, namespace).context("reading /pods")?;
+    pods.sort_by_key(|p| p["metadata"]["name"].as_str().map(str::to_owned));
+    let task_pid = task_pids()?;
+    let mut samples = Vec::new();
+    for (k, (name, id, restarts)) in pods
+        .iter()
+        .filter_map(first_container)
+        .take(count)
+        .enumerate()
+    {
+        let Some(&pid) = task_pid.get(&id) else {
+            println!("no running task for {name} ({id}); skipped");
+            continue;
+        };
+        let killed = Instant::now();
+        if !cmd::signal(pid, libc::SIGKILL) {
+            bail!(
+                "killing pid {pid} of {name}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        loop {
+            agent.exited()?;
+            if killed.elapsed() > EXIT_TIMEOUT {
+                bail!("the exit of {name} did not show on /pods within {EXIT_TIMEOUT:?}");
+            }
+            let changed = bench_pods(port, namespace)
+                .unwrap_or_default()
+                .iter()
+                .any(|p| {
+                    p["metadata"]["name"] == name.as_str()
+                        && (!all_containers_running(p)
+                            || first_container(p).is_some_and(|(_, i, r)| i != id || r != restarts))
+                });
+            if changed {
+                samples.push(ms(killed.elapsed()));
+                break;
+            }
+            std::thread::sleep(poll);
+        }
+        // Steps of 0.61 of the jitter (mod 1) cover its range evenly without a random source.
+        #[allow(clippy::cast_precision_loss)]
+        let spread = (k * 61 % 100) as f64 / 100.0;
+        std::thread::sleep(pause + jitter.mul_f64(spread));
+    }
+    println!("{} exits timed", samples.len());
+    Ok(samples)
+}
+
+/// Removes the manifests and waits until ringlet has removed every bench container from containerd.
+pub fn cleanup(manifests: &Path, namespace: &str) -> Result<()> {
+    for entry in fs::read_dir(manifests)? {
+        fs::remove_file(entry?.path())?;
+    }
+    let started = Instant::now();
+    loop {
+        let left = runtime_containers(namespace)?;
+        if left.is_empty() {
+            println!("pods gone after {:.1} s", started.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        if started.elapsed() > CLEANUP_TIMEOUT {
+            bail!(
+                "{} bench containers still in containerd {CLEANUP_TIMEOUT:?} after removing the manifests",
+                left.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_uses_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert!((percentile(&samples, 50.0) - 50.0).abs() < f64::EPSILON);
+        assert!((percentile(&samples, 99.0) - 99.0).abs() < f64::EPSILON);
+        assert!((percentile(&[7.0], 99.0) - 7.0).abs() < f64::EPSILON);
+        assert!(percentile(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn running_needs_every_container_running() {
+        let pod = serde_json::json!({
+            "spec": { "containers": [{ "name": "a" }, { "name": "b" }] },
+            "status": { "containerStatuses": [
+                { "name": "a", "state": { "running": { "startedAt": "x" } } },
+                { "name": "b", "state": { "waiting": { "reason": "ContainerCreating" } } }
+            ] }
+        });
+        assert!(!all_containers_running(&pod));
+        let mut both = pod.clone();
+        both["status"]["containerStatuses"][1]["state"] = serde_json::json!({ "running": {} });
+        assert!(all_containers_running(&both));
+    }
+
+    #[test]
+    fn first_container_strips_the_runtime_prefix() {
+        let pod = serde_json::json!({
+            "metadata": { "name": "bench-0" },
+            "status": { "containerStatuses": [
+                { "containerID": "containerd://abc", "restartCount": 2 }
+            ] }
+        });
+        assert_eq!(
+            first_container(&pod),
+            Some(("bench-0".to_owned(), "abc".to_owned(), 2))
+        );
+    }
+}
