@@ -392,8 +392,11 @@ impl GenericPleg {
             Settled::Done { lag: Some(lag) } => self.metrics.observe_runtime_lag(lag),
             Settled::Done { lag: None } | Settled::Retrying => {}
             Settled::GaveUp { waited } => {
+                // Waiting for the safety relist could take a minute; a full relist now costs one
+                // list and catches whatever the runtime has recorded meanwhile.
                 tracing::warn!(pod = %uid, containers = ?lagging, ?waited,
-                "the runtime still misses container starts or exits the kernel reported; leaving them to the next full relist");
+                "the runtime still misses container starts or exits the kernel reported; relisting everything");
+                self.full_relist_requested = true;
             }
         }
         self.update_running_metrics();

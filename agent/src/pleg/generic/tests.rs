@@ -804,7 +804,7 @@ async fn runtime_lag_is_retried_with_back_off() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_runtime_that_never_catches_up_is_left_to_the_safety_relist() {
+async fn a_runtime_that_never_catches_up_gets_a_full_relist() {
     let mut t = start_ebpf(running_p()).await;
     t.hints.send(died("p", "c1")).await.unwrap();
     for _ in 0..12 {
@@ -816,6 +816,11 @@ async fn a_runtime_that_never_catches_up_is_left_to_the_safety_relist() {
         t.runtime.take_status_calls().len(),
         11,
         "the first read and ten retries"
+    );
+    assert_eq!(
+        t.runtime.take_list_calls(),
+        1,
+        "giving up relists everything at once, not after the 60 s safety period"
     );
     assert!(drain(&mut t.events).is_empty());
     assert_eq!(
