@@ -548,3 +548,25 @@ pub fn run_once(node: &str, manifests: &[(&str, String)]) -> Result<(bool, Strin
     }
     Ok((output.status.success(), stdout))
 }
+
+/// A manifest of a pod whose container allocates 200 MB under a 32 MiB memory limit, so the kernel
+/// OOM-kills it (restartPolicy Never: one kill, then the pod is Failed).
+pub fn memory_hog_pod(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: busybox
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${{#a}}"]
+    resources:
+      limits: {{memory: 32Mi}}
+"#
+    )
+}

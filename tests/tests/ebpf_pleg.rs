@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use ringlet_tests::{
-    Agent, AgentOptions, busybox_pod, container_status, http_get, phase, require_ebpf_lab,
-    ringlet_binary, tail, wait_for,
+    Agent, AgentOptions, busybox_pod, container_status, http_get, memory_hog_pod, phase,
+    require_ebpf_lab, ringlet_binary, tail, wait_for,
 };
 use serde_json::Value;
 
@@ -290,25 +290,7 @@ fn an_oom_kill_is_reported_without_a_safety_relist() -> Result<()> {
     }
     let agent = ebpf_agent("ebpf-oom", &[])?;
     let written = Instant::now();
-    agent.write_manifest(
-        "hog.yaml",
-        r#"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: hog
-spec:
-  hostNetwork: true
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: busybox
-    imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${#a}"]
-    resources:
-      limits: {memory: 32Mi}
-"#,
-    )?;
+    agent.write_manifest("hog.yaml", &memory_hog_pod("hog"))?;
     // The manifest poll (2 s), the start and the allocation, then the hinted exit: seconds, where a
     // safety relist would take ten minutes.
     let pod = agent.wait_pod("hog", "Failed", Duration::from_secs(30), |p| {

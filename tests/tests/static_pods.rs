@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use ringlet_tests::{
-    Agent, AgentOptions, busybox_pod, container_status, containers_of_node, http_get, phase,
-    require_lab, run_once, wait_for,
+    Agent, AgentOptions, busybox_pod, container_status, containers_of_node, http_get,
+    memory_hog_pod, phase, require_lab, run_once, wait_for,
 };
 use serde_json::Value;
 
@@ -181,24 +181,7 @@ fn a_container_past_its_memory_limit_reports_oom_killed() -> Result<()> {
         return Ok(());
     }
     let agent = Agent::start("oom", AgentOptions::default())?;
-    agent.write_manifest(
-        "hog.yaml",
-        r#"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: hog
-spec:
-  hostNetwork: true
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: busybox
-    command: ["sh", "-c", "a=$(head -c 200000000 /dev/zero | tr '\\0' x); echo ${#a}"]
-    resources:
-      limits: {memory: 32Mi}
-"#,
-    )?;
+    agent.write_manifest("hog.yaml", &memory_hog_pod("hog"))?;
     let pod = agent.wait_pod("hog", "Failed", START, |p| phase(p) == "Failed")?;
     let main = container_status(&pod, "main").cloned().unwrap_or_default();
     assert_eq!(main["state"]["terminated"]["reason"], "OOMKilled", "{main}");

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::benchkit::{
     self, Agent, cleanup, free_port, git_commit, machine, now_utc, percentile, runtime_containers,
-    time_exits, wait_all_running,
+    sleep_pod_manifest, time_exits, wait_all_running,
 };
 use crate::{lab, workspace_root};
 
@@ -95,26 +95,6 @@ pub fn startup(args: &StartupArgs) -> Result<()> {
     Ok(())
 }
 
-fn pod_manifest(i: usize) -> String {
-    // sleep ignores SIGTERM as PID 1: a short grace period keeps the cleanup from waiting 30 s per pod.
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata:
-  name: bench-{i}
-  namespace: {NAMESPACE}
-spec:
-  terminationGracePeriodSeconds: 1
-  restartPolicy: Always
-  containers:
-  - name: sleep
-    image: docker.io/library/busybox:1.35
-    imagePullPolicy: IfNotPresent
-    command: [\"sleep\", \"3600\"]
-"
-    )
-}
-
 fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Metric>> {
     let run_dir = Path::new(lab::LAB_DIR).join(format!("bench/startup-{pods}"));
     if run_dir.exists() {
@@ -125,7 +105,10 @@ fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Met
     fs::create_dir_all(&manifests)?;
     fs::create_dir_all(&root_dir)?;
     for i in 0..pods {
-        fs::write(manifests.join(format!("bench-{i}.yaml")), pod_manifest(i))?;
+        fs::write(
+            manifests.join(format!("bench-{i}.yaml")),
+            sleep_pod_manifest(&format!("bench-{i}"), NAMESPACE),
+        )?;
     }
     if !runtime_containers(NAMESPACE)?.is_empty() {
         bail!("containers of namespace {NAMESPACE} are still in containerd from an earlier run");

@@ -212,6 +212,27 @@ pub fn machine() -> Result<Machine> {
 }
 
 /// The bench pods on `/pods`, or `None` while the server is not answering yet.
+/// A static pod whose one container sleeps for an hour; the benches' workload.
+pub fn sleep_pod_manifest(name: &str, namespace: &str) -> String {
+    // sleep ignores SIGTERM as PID 1: a short grace period keeps the cleanup from waiting 30 s per pod.
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Always
+  containers:
+  - name: sleep
+    image: docker.io/library/busybox:1.35
+    imagePullPolicy: IfNotPresent
+    command: [\"sleep\", \"3600\"]
+"
+    )
+}
+
 pub fn bench_pods(port: u16, namespace: &str) -> Option<Vec<Value>> {
     let body = http::get(port, "/pods").ok()?;
     let list: Value = serde_json::from_slice(&body).ok()?;

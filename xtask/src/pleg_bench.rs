@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::benchkit::{
     self, Agent, cleanup, free_port, git_commit, now_utc, percentile, runtime_containers,
-    time_exits, wait_all_running,
+    sleep_pod_manifest, time_exits, wait_all_running,
 };
 use crate::{cargo, cmd, http, lab, workspace_root};
 
@@ -169,26 +169,6 @@ fn write_views(out_dir: &Path, report: &Report, args: &PlegArgs) -> Result<()> {
     Ok(())
 }
 
-fn pod_manifest(i: usize) -> String {
-    // sleep ignores SIGTERM as PID 1: a short grace period keeps the cleanup from waiting 30 s per pod.
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata:
-  name: pleg-{i}
-  namespace: {NAMESPACE}
-spec:
-  terminationGracePeriodSeconds: 1
-  restartPolicy: Always
-  containers:
-  - name: sleep
-    image: docker.io/library/busybox:1.35
-    imagePullPolicy: IfNotPresent
-    command: [\"sleep\", \"3600\"]
-"
-    )
-}
-
 /// Waits (bounded) until no other agent holds the global pins: starting would clear them. A test
 /// suite starts agents back to back, so the pins must stay free for a while, not just an instant.
 fn wait_for_free_pins() -> Result<()> {
@@ -265,7 +245,10 @@ fn measure_mode(
     for &pods in &args.pods {
         let started = Instant::now();
         for i in written..pods {
-            fs::write(manifests.join(format!("pleg-{i}.yaml")), pod_manifest(i))?;
+            fs::write(
+                manifests.join(format!("pleg-{i}.yaml")),
+                sleep_pod_manifest(&format!("pleg-{i}"), NAMESPACE),
+            )?;
         }
         written = pods;
         wait_all_running(agent, port, pods, started, NAMESPACE)?;
