@@ -12,8 +12,8 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::benchkit::{
-    self, Agent, cleanup, free_port, git_commit, machine, now_utc, percentile, runtime_containers,
-    sleep_pod_manifest, time_exits, wait_all_running,
+    self, Agent, cleanup, free_port, fresh_run_dir, git_commit, machine, now_utc, percentile,
+    runtime_containers, sleep_pod_manifest, time_exits, wait_all_running,
 };
 use crate::{lab, workspace_root};
 
@@ -96,14 +96,7 @@ pub fn startup(args: &StartupArgs) -> Result<()> {
 }
 
 fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Metric>> {
-    let run_dir = Path::new(lab::LAB_DIR).join(format!("bench/startup-{pods}"));
-    if run_dir.exists() {
-        fs::remove_dir_all(&run_dir).with_context(|| format!("removing {}", run_dir.display()))?;
-    }
-    let manifests = run_dir.join("manifests");
-    let root_dir = run_dir.join("root");
-    fs::create_dir_all(&manifests)?;
-    fs::create_dir_all(&root_dir)?;
+    let (run_dir, manifests, root_dir) = fresh_run_dir(&format!("startup-{pods}"))?;
     for i in 0..pods {
         fs::write(
             manifests.join(format!("bench-{i}.yaml")),

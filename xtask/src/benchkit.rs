@@ -212,6 +212,21 @@ pub fn machine() -> Result<Machine> {
 }
 
 /// The bench pods on `/pods`, or `None` while the server is not answering yet.
+/// An empty `<lab>/bench/<name>` with `manifests/` and `root/` in it (what an earlier run left is
+/// removed): returns the run, manifest and root directories.
+pub fn fresh_run_dir(name: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let run_dir = Path::new(crate::lab::LAB_DIR).join("bench").join(name);
+    if run_dir.exists() {
+        std::fs::remove_dir_all(&run_dir)
+            .with_context(|| format!("removing {}", run_dir.display()))?;
+    }
+    let manifests = run_dir.join("manifests");
+    let root_dir = run_dir.join("root");
+    std::fs::create_dir_all(&manifests)?;
+    std::fs::create_dir_all(&root_dir)?;
+    Ok((run_dir, manifests, root_dir))
+}
+
 /// A static pod whose one container sleeps for an hour; the benches' workload.
 pub fn sleep_pod_manifest(name: &str, namespace: &str) -> String {
     // sleep ignores SIGTERM as PID 1: a short grace period keeps the cleanup from waiting 30 s per pod.

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::benchkit::{
-    self, Agent, cleanup, free_port, git_commit, now_utc, percentile, runtime_containers,
-    sleep_pod_manifest, time_exits, wait_all_running,
+    self, Agent, cleanup, free_port, fresh_run_dir, git_commit, now_utc, percentile,
+    runtime_containers, sleep_pod_manifest, time_exits, wait_all_running,
 };
 use crate::{cargo, cmd, http, lab, workspace_root};
 
@@ -195,14 +195,7 @@ fn run_mode(
     mode: &'static str,
     args: &PlegArgs,
 ) -> Result<(Vec<Metric>, Vec<IdleCpu>)> {
-    let run_dir = Path::new(lab::LAB_DIR).join(format!("bench/pleg-{mode}"));
-    if run_dir.exists() {
-        fs::remove_dir_all(&run_dir).with_context(|| format!("removing {}", run_dir.display()))?;
-    }
-    let manifests = run_dir.join("manifests");
-    let root_dir = run_dir.join("root");
-    fs::create_dir_all(&manifests)?;
-    fs::create_dir_all(&root_dir)?;
+    let (run_dir, manifests, root_dir) = fresh_run_dir(&format!("pleg-{mode}"))?;
     if !runtime_containers(NAMESPACE)?.is_empty() {
         bail!("containers of namespace {NAMESPACE} are still in containerd from an earlier run");
     }

@@ -46,10 +46,8 @@ pub trait RuntimeHelper: Send + Sync {
     /// The node name, for `spec.nodeName` references of pods that do not set it.
     fn node_name(&self) -> &str;
 
-    /// Directory of the pod's container logs: `/var/log/pods/<namespace>_<name>_<uid>`.
-    fn pod_log_dir(&self, namespace: &str, name: &str, uid: &PodUid) -> PathBuf {
-        PathBuf::from(format!("/var/log/pods/{namespace}_{name}_{uid}"))
-    }
+    /// Directory of the pod's container logs (the kubelet's `/var/log/pods/<namespace>_<name>_<uid>`).
+    fn pod_log_dir(&self, namespace: &str, name: &str, uid: &PodUid) -> PathBuf;
 
     /// The node's IP, for `status.hostIP` references and the pod IP of host-network pods.
     fn host_ip(&self) -> Option<String> {
