@@ -8,6 +8,7 @@
 
 mod healthz;
 mod listener;
+mod peer;
 mod router;
 
 use std::future::Future;
@@ -21,6 +22,7 @@ use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
 
+pub use peer::PeerCertificates;
 use router::{Endpoints, Router};
 
 /// What the servers need from the kubelet (the kubelet's `HostInterface`, reduced to what is served).

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 use k8s_openapi::List;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
@@ -18,7 +19,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use super::ServerHost;
 use super::healthz::{self, RootQuery};
 
-pub(crate) type Body = Full<Bytes>;
+/// Every response body: whole buffers for most routes, streams for followed logs and upgrades.
+pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
+
+/// A response body holding one buffer.
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 const APPLICATION_JSON: &str = "application/json";
@@ -86,7 +93,7 @@ impl Router {
             Route::Pods => self.pods().await,
             Route::Metrics => match self.host.metrics().render() {
                 Ok(body) => {
-                    let mut response = Response::new(Full::new(Bytes::from(body)));
+                    let mut response = Response::new(full(body));
                     response.headers_mut().insert(
                         CONTENT_TYPE,
                         HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
@@ -127,7 +134,7 @@ impl Router {
         .await;
         match encoded {
             Ok(Ok(json)) => {
-                let mut response = Response::new(Full::new(Bytes::from(json)));
+                let mut response = Response::new(full(json));
                 response
                     .headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON));
@@ -163,7 +170,7 @@ impl<B: Send + 'static> hyper::service::Service<Request<B>> for Router {
 }
 
 fn text(status: StatusCode, body: String) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(full(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
