@@ -6,6 +6,7 @@
 //! Every problem in the file and the flags is collected and reported in one error; fields of the real
 //! `KubeletConfiguration` that ringlet does not act on yet are accepted with one warning naming them.
 
+mod configz;
 mod duration;
 mod file;
 mod flags;

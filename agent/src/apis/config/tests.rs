@@ -558,3 +558,17 @@ fn a_certificate_without_its_key_is_refused() {
         ["tlsPrivateKeyFile (--tls-private-key-file): must be set with tlsCertFile /a.crt"]
     );
 }
+
+#[test]
+fn configz_output_loads_back_as_the_same_configuration() {
+    let yaml = format!(
+        "{HEADER}staticPodPath: /etc/m\nsyncFrequency: 90s\nreadOnlyPort: 10255\nplegMode: relist\n\
+         tlsCipherSuites: [TLS_AES_128_GCM_SHA256]\nauthentication:\n  anonymous:\n    enabled: true\n"
+    );
+    let (config, _) = load_with_file(&yaml, &[]).expect("loads");
+    let configz = config.kubelet.configz();
+    let written = serde_json::to_string(&configz["kubeletconfig"]).expect("json");
+    let (reloaded, warnings) = load_with_file(&written, &[]).expect("configz output loads");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(reloaded.kubelet, config.kubelet);
+}
