@@ -115,23 +115,41 @@ impl Transport for Tls {
     }
 }
 
-/// The router behind one connection: adds what the handshake learned to every request.
-#[derive(Clone)]
-struct Connected {
-    router: Router,
+/// What a listener serves: the [`Router`], or a test's own service.
+pub(crate) trait Handler:
+    Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Handler for S where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The handler behind one connection: adds what the handshake learned to every request.
+struct Connected<S> {
+    handler: S,
     peer: Option<PeerCertificates>,
 }
 
-impl Service<Request<Incoming>> for Connected {
+impl<S: Handler> Service<Request<Incoming>> for Connected<S> {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = <Router as Service<Request<Incoming>>>::Future;
+    type Future = S::Future;
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         if let Some(peer) = &self.peer {
             request.extensions_mut().insert(peer.clone());
         }
-        self.router.call(request)
+        self.handler.call(request)
     }
 }
 
@@ -145,25 +163,25 @@ pub(crate) async fn serve(
     run(listener, Plain, router, ServeLimits::default(), shutdown).await
 }
 
-/// Serves `router` over TLS on `listener`, following rotations of the certificate files while it
+/// Serves `handler` over TLS on `listener`, following rotations of the certificate files while it
 /// runs, until `shutdown` completes; then drains open connections.
 pub(crate) async fn serve_tls(
     listener: TcpListener,
     tls: ServingTls,
-    router: Router,
+    handler: impl Handler,
     limits: ServeLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let _watching = tls.watch();
-    run(listener, Tls(tls), router, limits, shutdown).await
+    run(listener, Tls(tls), handler, limits, shutdown).await
 }
 
 /// The accept loop. A connection slot is taken before accepting, so a full listener leaves new
 /// connections in the kernel backlog rather than accepting and dropping them.
-pub(crate) async fn run<T: Transport>(
+pub(crate) async fn run<T: Transport, S: Handler>(
     listener: TcpListener,
     transport: T,
-    router: Router,
+    handler: S,
     limits: ServeLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
@@ -179,7 +197,7 @@ pub(crate) async fn run<T: Transport>(
     let context = Arc::new(ConnectionContext {
         transport,
         builder,
-        router,
+        handler,
         handshake_timeout: limits.tls_handshake_timeout,
     });
     let slots = Arc::new(Semaphore::new(
@@ -281,17 +299,17 @@ async fn free_slot(
 }
 
 /// What every connection of one listener shares.
-struct ConnectionContext<T> {
+struct ConnectionContext<T, S> {
     transport: T,
     builder: http1::Builder,
-    router: Router,
+    handler: S,
     handshake_timeout: Duration,
 }
 
 /// One connection's life: the transport handshake (bounded, and cut short by shutdown), then HTTP
 /// until the client leaves or shutdown asks it to finish. Holding `_slot` keeps the connection counted.
-async fn connection<T: Transport>(
-    context: Arc<ConnectionContext<T>>,
+async fn connection<T: Transport, S: Handler>(
+    context: Arc<ConnectionContext<T, S>>,
     tcp: TcpStream,
     peer: SocketAddr,
     mut stop: watch::Receiver<()>,
@@ -314,7 +332,7 @@ async fn connection<T: Transport>(
         _ = stop.changed() => return,
     };
     let service = Connected {
-        router: context.router.clone(),
+        handler: context.handler.clone(),
         peer: certificates,
     };
     // Upgrades let exec, attach and port-forward take over the connection after their 101 response.

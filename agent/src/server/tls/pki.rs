@@ -225,7 +225,7 @@ fn reusable(
     }
 }
 
-fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
+pub(super) fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
     match bytes.len() {
         4 => <[u8; 4]>::try_from(bytes).ok().map(IpAddr::from),
         16 => <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from),

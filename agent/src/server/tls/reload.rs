@@ -170,13 +170,13 @@ async fn run(tls: ServingTls, _watcher: Option<RecommendedWatcher>, mut wake: mp
 }
 
 /// Reloads whatever changed since `seen`; returns the stamps now on disk.
-fn check(tls: &ServingTls, seen: Seen) -> Seen {
+pub(super) fn check(tls: &ServingTls, seen: Seen) -> Seen {
     let files = &tls.shared.files;
     let now = Seen::of(files);
     if now.cert != seen.cert || now.key != seen.key {
         match tls.reload_pair() {
             Ok(()) => {
-                tracing::info!(cert = %files.cert.display(), "reloaded the serving certificate")
+                tracing::info!(cert = %files.cert.display(), "reloaded the serving certificate");
             }
             Err(error) => tracing::warn!(
                 error = %error_chain(&error),
