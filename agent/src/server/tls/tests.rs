@@ -20,6 +20,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::ring::cipher_suite as suite;
 use rustls::{CipherSuite, ClientConfig, ProtocolVersion, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -89,14 +90,14 @@ fn peer_echo() -> impl Handler {
                 .insert(CONNECTION, "upgrade".parse().unwrap());
             return Ok::<_, Infallible>(response);
         }
-        let response = match request.extensions().get::<PeerCertificates>() {
-            Some(peer) => Response::new(full(peer.leaf().unwrap().to_vec())),
-            None => {
-                let mut response = Response::new(full(Bytes::new()));
-                *response.status_mut() = StatusCode::NO_CONTENT;
-                response
-            }
-        };
+        let peer = request.extensions().get::<PeerCertificates>();
+        let mut response = Response::new(full(
+            peer.map(|peer| peer.leaf().unwrap().to_vec())
+                .unwrap_or_default(),
+        ));
+        if peer.is_none() {
+            *response.status_mut() = StatusCode::NO_CONTENT;
+        }
         Ok(response)
     })
 }
@@ -766,7 +767,6 @@ async fn cipher_suites_restrict_tls12_and_leave_tls13_on() {
     .unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
     let server = start_tls(tls, router(), ServeLimits::default()).await;
-    use rustls::crypto::ring::cipher_suite as suite;
 
     let mut listed = Client::trusting(&[&cert_pem]);
     listed.versions = vec![&rustls::version::TLS12];
@@ -896,18 +896,18 @@ async fn rotated_files_are_served_to_new_connections() {
     let tls = ServingTls::load(&with_files(dir.path(), &first)).unwrap();
     let server = start_tls(tls, router(), ServeLimits::default()).await;
     let client = Client::trusting(&[&first_ca.pem, &second_ca.pem]);
-    let served = || async {
+    let leaf_served = || async {
         fetch(server.addr, &client, "localhost", "/healthz")
             .await
             .unwrap()
             .server_leaf
     };
-    assert_eq!(served().await, first.leaf);
+    assert_eq!(leaf_served().await, first.leaf);
 
     // Two plain writes, so the watcher may see a new certificate with the old key for a moment.
     second.write(dir.path());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while served().await != second.leaf {
+    while leaf_served().await != second.leaf {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the new certificate was never served"
