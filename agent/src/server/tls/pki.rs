@@ -120,10 +120,12 @@ fn subject_alt_names(node_name: &str, addresses: &[IpAddr]) -> Vec<SanName> {
             names.push(name);
         }
     };
-    add(match node_name.parse::<IpAddr>() {
-        Ok(ip) => SanName::Ip(ip),
-        Err(_) => SanName::Dns(node_name.to_ascii_lowercase()),
-    });
+    if !node_name.is_empty() {
+        add(match node_name.parse::<IpAddr>() {
+            Ok(ip) => SanName::Ip(ip),
+            Err(_) => SanName::Dns(node_name.to_ascii_lowercase()),
+        });
+    }
     add(SanName::Dns("localhost".to_owned()));
     for ip in addresses {
         add(SanName::Ip(*ip));

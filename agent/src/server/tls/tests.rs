@@ -1166,3 +1166,17 @@ async fn curl_trusts_the_generated_certificate() {
     );
     server.stop().await;
 }
+
+#[test]
+fn an_empty_node_name_is_left_out_of_the_generated_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = ServingTls::load(&TlsSettings {
+        node_name: String::new(),
+        addresses: Vec::new(),
+        ..settings(dir.path())
+    })
+    .unwrap();
+    let mut names = san_names(&fs::read(tls.cert_file()).unwrap());
+    names.sort();
+    assert_eq!(names, ["127.0.0.1", "::1", "localhost"]);
+}
