@@ -20,7 +20,7 @@ use super::types::{
     RuntimeStats, SYSTEM_CONTAINER_PODS, Summary, SwapStats,
 };
 use crate::apis::config::CgroupDriver;
-use crate::container::{ContainerId, PodUid};
+use crate::container::{ContainerId, ContainerState, PodStatus, PodUid};
 use crate::error_chain::error_chain;
 
 /// containerd's content store (compressed image blobs) below its root directory.
@@ -110,6 +110,36 @@ pub struct PodStatsInput {
     pub containers: Vec<ContainerStatsInput>,
 }
 
+impl PodStatsInput {
+    /// A pod as the runtime reports it: its running containers with their start times, started
+    /// when its newest sandbox was created (override `start_time` with `status.startTime` when the
+    /// pod object has one). `cgroup` is the sandbox's cgroup parent.
+    pub fn from_runtime(status: &PodStatus, cgroup: impl Into<String>) -> Self {
+        Self {
+            namespace: status.namespace.clone(),
+            name: status.name.clone(),
+            uid: status.uid.clone(),
+            start_time: status
+                .sandboxes
+                .first()
+                .map_or(Timestamp::UNIX_EPOCH, |sandbox| {
+                    timestamp_from_unix_nanos(sandbox.created_at)
+                }),
+            cgroup: cgroup.into(),
+            containers: status
+                .containers
+                .iter()
+                .filter(|container| container.state == ContainerState::Running)
+                .map(|container| ContainerStatsInput {
+                    name: container.name.clone(),
+                    id: container.id.clone(),
+                    start_time: timestamp_from_unix_nanos(container.started_at),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A container to report on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerStatsInput {
@@ -164,12 +194,30 @@ impl StatsProvider {
         }
     }
 
-    /// Node stats and the stats of `pods`. What cannot be read is left out (and logged); this
-    /// never fails as a whole. Blocking: run it off the async core.
+    /// Node stats and the stats of `pods` (`/stats/summary`). What cannot be read is left out (and
+    /// logged); this never fails as a whole. Blocking: run it off the async core.
     pub fn summary(&self, pods: &[PodStatsInput]) -> Summary {
+        let settings = &self.inner.settings;
+        self.collect(
+            pods,
+            Some(FsCache {
+                root: fs_usage_logged(&settings.root_dir),
+                logs: fs_usage_logged(&settings.pod_log_root),
+            }),
+        )
+    }
+
+    /// Only CPU, memory and swap, without walking any directory: the kubelet's
+    /// `/stats/summary?only_cpu_and_memory=true` and the input of `/metrics/resource`.
+    pub fn cpu_and_memory_summary(&self, pods: &[PodStatsInput]) -> Summary {
+        self.collect(pods, None)
+    }
+
+    fn collect(&self, pods: &[PodStatsInput], fs: Option<FsCache>) -> Summary {
         let mut scrape = Scrape {
             inner: &self.inner,
             seen: HashSet::new(),
+            fs,
         };
         let node = scrape.node();
         let pods = pods.iter().map(|pod| scrape.pod(pod)).collect();
@@ -189,6 +237,17 @@ struct Scrape<'a> {
     inner: &'a Inner,
     /// Cgroups sampled during this scrape.
     seen: HashSet<String>,
+    /// The filesystems every pod shares, read once per scrape; `None` when only CPU and memory
+    /// are wanted.
+    fs: Option<FsCache>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FsCache {
+    /// The agent's root directory's filesystem (`nodefs`).
+    root: Option<FsUsage>,
+    /// The pod log root's filesystem.
+    logs: Option<FsUsage>,
 }
 
 impl Scrape<'_> {
@@ -236,33 +295,40 @@ impl Scrape<'_> {
             }
         };
 
-        let settings = self.settings();
-        let fs = fs_usage_logged(&settings.root_dir).map(|usage| whole_fs_stats(&usage, time));
-        let image_fs = fs_usage_logged(&settings.containerd_root).map(|usage| {
-            let content = settings.containerd_root.join(CONTENT_BLOBS);
-            let images = host::dir_usage(&content)
-                .inspect_err(|error| log_unreadable("image filesystem usage", error))
-                .ok();
-            FsStats {
-                used_bytes: images.map(|images| images.bytes),
-                inodes_used: images.map(|images| images.inodes),
-                ..fs_stats(&usage, time)
-            }
-        });
-        let rlimit = self.rlimit(time);
         let system_containers = self.system_containers(start_time);
-
-        NodeStats {
+        let mut node = NodeStats {
             node_name: self.settings().node_name.clone(),
             system_containers,
             start_time: Time(start_time),
             cpu,
             memory,
-            fs,
-            runtime: Some(RuntimeStats { image_fs }),
-            rlimit,
+            fs: None,
+            runtime: None,
+            rlimit: None,
             swap,
+        };
+        if let Some(fs) = self.fs {
+            node.fs = fs.root.map(|usage| whole_fs_stats(&usage, time));
+            node.runtime = Some(RuntimeStats {
+                image_fs: self.image_fs(time),
+            });
+            node.rlimit = self.rlimit(time);
         }
+        node
+    }
+
+    /// containerd's filesystem, with the content store's blobs as the bytes images take.
+    fn image_fs(&self, time: Timestamp) -> Option<FsStats> {
+        let root = &self.settings().containerd_root;
+        let usage = fs_usage_logged(root)?;
+        let images = host::dir_usage(&root.join(CONTENT_BLOBS))
+            .inspect_err(|error| log_unreadable("image filesystem usage", error))
+            .ok();
+        Some(FsStats {
+            used_bytes: images.map(|images| images.bytes),
+            inodes_used: images.map(|images| images.inodes),
+            ..fs_stats(&usage, time)
+        })
     }
 
     fn rlimit(&self, time: Timestamp) -> Option<RlimitStats> {
@@ -306,7 +372,7 @@ impl Scrape<'_> {
             .settings()
             .pod_log_root
             .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid));
-        let log_fs = fs_usage_logged(&self.settings().pod_log_root);
+        let log_fs = self.fs.and_then(|fs| fs.logs);
         let containers: Vec<ContainerStats> = pod
             .containers
             .iter()
@@ -340,7 +406,10 @@ impl Scrape<'_> {
         } else {
             (sum_cpu(&containers), sum_memory(&containers))
         };
-        let ephemeral_storage = self.ephemeral_storage(pod, &pod_log_dir, time);
+        let ephemeral_storage = self
+            .fs
+            .and_then(|fs| fs.root)
+            .map(|root| self.ephemeral_storage(pod, &pod_log_dir, &root, time));
 
         PodStats {
             pod_ref: PodReference {
@@ -362,10 +431,10 @@ impl Scrape<'_> {
         &self,
         pod: &PodStatsInput,
         pod_log_dir: &std::path::Path,
+        root: &FsUsage,
         time: Timestamp,
-    ) -> Option<FsStats> {
+    ) -> FsStats {
         let settings = self.settings();
-        let fs = fs_usage_logged(&settings.root_dir)?;
         let etc_hosts = settings
             .root_dir
             .join("pods")
@@ -378,11 +447,11 @@ impl Scrape<'_> {
                 bytes: sum.bytes.saturating_add(usage.bytes),
                 inodes: sum.inodes.saturating_add(usage.inodes),
             });
-        Some(FsStats {
+        FsStats {
             used_bytes: Some(used.bytes),
             inodes_used: Some(used.inodes),
-            ..fs_stats(&fs, time)
-        })
+            ..fs_stats(root, time)
+        }
     }
 
     /// containerd names a container's cgroup after its id below the sandbox's cgroup parent.

@@ -642,13 +642,15 @@ fn systemd_driver_names_container_scopes() {
 #[test]
 fn cgroup_paths_cannot_leave_the_hierarchy() {
     let fixture = Fixture::v1();
+    fs::create_dir_all(fixture.path("cgroup/cpuacct")).unwrap();
     write(&fixture.path("cgroup/cpuacct.usage"), "99\n");
     let clock = ManualClock::at(1_700_001_000);
     let summary = fixture.provider(&clock).summary(&[PodStatsInput {
-        cgroup: "/../..".to_owned(),
+        cgroup: "/..".to_owned(),
         ..pod_input(Vec::new())
     }]);
-    // `..` is dropped, so this is the (fixture-less) hierarchy root, not the file above it.
+    // `..` is dropped, so this is the hierarchy root (no files in the fixture), not the
+    // directory above the mount with its planted cpuacct.usage.
     assert_eq!(summary.pods[0].cpu, None);
 }
 
@@ -693,6 +695,94 @@ fn layout_from_mountinfo() {
         CgroupLayout::from_mountinfo(none),
         Err(StatsError::NoCgroupHierarchy)
     ));
+}
+
+#[test]
+fn input_from_the_runtime_status() {
+    use crate::container::{
+        ContainerState, ContainerStatus, PodStatus, SandboxState, SandboxStatus,
+    };
+
+    let container = |id: &str, name: &str, state, started_at| ContainerStatus {
+        id: ContainerId::new(id),
+        name: name.to_owned(),
+        state,
+        created_at: 0,
+        started_at,
+        finished_at: 0,
+        exit_code: 0,
+        image: String::new(),
+        image_ref: String::new(),
+        hash: String::new(),
+        restart_count: 0,
+        reason: String::new(),
+        message: String::new(),
+    };
+    let sandbox = |id: &str, created_at| SandboxStatus {
+        id: crate::container::SandboxId::new(id),
+        state: SandboxState::Ready,
+        created_at,
+        attempt: 0,
+        ip: None,
+        host_network: true,
+    };
+    let status = PodStatus {
+        uid: PodUid::new("1234"),
+        name: "web".to_owned(),
+        namespace: "default".to_owned(),
+        ips: Vec::new(),
+        sandboxes: vec![sandbox("s2", 2_000_000_000), sandbox("s1", 1_000_000_000)],
+        containers: vec![
+            container("c2", "app", ContainerState::Running, 3_000_000_000),
+            container("c1", "app", ContainerState::Exited, 2_500_000_000),
+            container("c3", "init", ContainerState::Exited, 2_100_000_000),
+        ],
+    };
+
+    let input = PodStatsInput::from_runtime(&status, POD_CGROUP);
+
+    assert_eq!(
+        input,
+        PodStatsInput {
+            namespace: "default".to_owned(),
+            name: "web".to_owned(),
+            uid: PodUid::new("1234"),
+            start_time: Timestamp::from_second(2).unwrap(),
+            cgroup: POD_CGROUP.to_owned(),
+            containers: vec![ContainerStatsInput {
+                name: "app".to_owned(),
+                id: ContainerId::new("c2"),
+                start_time: Timestamp::from_second(3).unwrap(),
+            }],
+        }
+    );
+}
+
+#[test]
+fn cpu_and_memory_summary_skips_the_filesystems() {
+    let fixture = Fixture::v1();
+    fixture.v1_cgroup("/", 9_000_000_000, v1_memory(MIB, 0, V1_UNLIMITED));
+    fixture.v1_cgroup(POD_CGROUP, 5, v1_memory(MIB, 0, V1_UNLIMITED));
+    write(
+        &fixture.path("var/log/pods/default_web_1234/app/0.log"),
+        "log line",
+    );
+    let clock = ManualClock::at(1_700_001_000);
+
+    let summary = fixture
+        .provider(&clock)
+        .cpu_and_memory_summary(&[pod_input(vec![container_input("app", CONTAINER_ID)])]);
+
+    let node = &summary.node;
+    assert!(node.cpu.is_some() && node.memory.is_some() && node.swap.is_some());
+    assert_eq!(
+        (&node.fs, &node.runtime, &node.rlimit),
+        (&None, &None, &None)
+    );
+    let pod = &summary.pods[0];
+    assert!(pod.cpu.is_some() && pod.memory.is_some());
+    assert_eq!(pod.ephemeral_storage, None);
+    assert_eq!(pod.containers[0].logs, None);
 }
 
 #[test]
