@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::StatsError;
 use super::cgroup::{MemorySample, parse_u64, required};
+use super::types::InterfaceStats;
 
 /// Reads a whole (small) file.
 pub(super) fn read_to_string(path: &Path) -> Result<String, StatsError> {
@@ -125,6 +126,62 @@ impl Procfs {
                     usage: swap_total.saturating_sub(free),
                 }),
         })
+    }
+
+    /// Counters of the host's interfaces from `/proc/net/dev`, leaving out loopback and the
+    /// container side of pod networking (the device prefixes cAdvisor ignores).
+    pub fn network_interfaces(&self) -> Result<Vec<InterfaceStats>, StatsError> {
+        const IGNORED_PREFIXES: [&str; 4] = ["lo", "veth", "docker", "nerdctl"];
+        let path = self.root.join("net/dev");
+        let text = read_to_string(&path)?;
+        let mut interfaces = Vec::new();
+        // Two header lines, then `name: rx_bytes packets errs drop fifo frame compressed
+        // multicast tx_bytes packets errs ...`.
+        for line in text.lines().skip(2) {
+            let Some((name, counters)) = line.split_once(':') else {
+                continue;
+            };
+            let name = name.trim();
+            if IGNORED_PREFIXES
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+            {
+                continue;
+            }
+            let counters = counters
+                .split_whitespace()
+                .map(|value| parse_u64(value, &path))
+                .collect::<Result<Vec<u64>, _>>()?;
+            let &[
+                rx_bytes,
+                _,
+                rx_errors,
+                _,
+                _,
+                _,
+                _,
+                _,
+                tx_bytes,
+                _,
+                tx_errors,
+                ..,
+            ] = &counters[..]
+            else {
+                return Err(StatsError::Parse {
+                    path,
+                    what: "at least eleven interface counters",
+                    value: line.to_owned(),
+                });
+            };
+            interfaces.push(InterfaceStats {
+                name: name.to_owned(),
+                rx_bytes: Some(rx_bytes),
+                rx_errors: Some(rx_errors),
+                tx_bytes: Some(tx_bytes),
+                tx_errors: Some(tx_errors),
+            });
+        }
+        Ok(interfaces)
     }
 
     /// `kernel.pid_max`.

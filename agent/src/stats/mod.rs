@@ -23,8 +23,8 @@ pub use provider::{
 };
 pub use resource_metrics::{RESOURCE_METRICS_CONTENT_TYPE, render_resource_metrics};
 pub use types::{
-    ContainerStats, CpuStats, FsStats, MemoryStats, NodeStats, PodReference, PodStats, RlimitStats,
-    RuntimeStats, SYSTEM_CONTAINER_PODS, Summary, SwapStats,
+    ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
+    PodReference, PodStats, RlimitStats, RuntimeStats, SYSTEM_CONTAINER_PODS, Summary, SwapStats,
 };
 
 /// Why a statistic could not be read.

@@ -16,8 +16,8 @@ use super::StatsError;
 use super::cgroup::{CgroupLayout, MemorySample};
 use super::host::{self, FsUsage, Procfs};
 use super::types::{
-    ContainerStats, CpuStats, FsStats, MemoryStats, NodeStats, PodReference, PodStats, RlimitStats,
-    RuntimeStats, SYSTEM_CONTAINER_PODS, Summary, SwapStats,
+    ContainerStats, CpuStats, FsStats, MemoryStats, NetworkStats, NodeStats, PodReference,
+    PodStats, RlimitStats, RuntimeStats, SYSTEM_CONTAINER_PODS, Summary, SwapStats,
 };
 use crate::apis::config::CgroupDriver;
 use crate::container::{ContainerId, ContainerState, PodStatus, PodUid};
@@ -25,6 +25,8 @@ use crate::error_chain::error_chain;
 
 /// containerd's content store (compressed image blobs) below its root directory.
 const CONTENT_BLOBS: &str = "io.containerd.content.v1.content/blobs";
+/// The interface the Summary API reports inline (the kubelet's `defaultNetworkInterfaceName`).
+const DEFAULT_INTERFACE: &str = "eth0";
 /// The cgroup of the root of every hierarchy: the node's key in the CPU sample cache.
 const ROOT_CGROUP: &str = "/";
 
@@ -302,12 +304,14 @@ impl Scrape<'_> {
             start_time: Time(start_time),
             cpu,
             memory,
+            network: None,
             fs: None,
             runtime: None,
             rlimit: None,
             swap,
         };
         if let Some(fs) = self.fs {
+            node.network = self.network(time);
             node.fs = fs.root.map(|usage| whole_fs_stats(&usage, time));
             node.runtime = Some(RuntimeStats {
                 image_fs: self.image_fs(time),
@@ -315,6 +319,26 @@ impl Scrape<'_> {
             node.rlimit = self.rlimit(time);
         }
         node
+    }
+
+    /// The host's interfaces, `eth0` inline as the kubelet's default interface.
+    fn network(&self, time: Timestamp) -> Option<NetworkStats> {
+        let interfaces = self
+            .inner
+            .procfs
+            .network_interfaces()
+            .inspect_err(|error| log_unreadable("network interfaces", error))
+            .ok()?;
+        let default_interface = interfaces
+            .iter()
+            .find(|interface| interface.name == DEFAULT_INTERFACE)
+            .cloned()
+            .unwrap_or_default();
+        Some(NetworkStats {
+            time: Time(time),
+            default_interface,
+            interfaces,
+        })
     }
 
     /// containerd's filesystem, with the content store's blobs as the bytes images take.

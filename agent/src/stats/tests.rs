@@ -13,6 +13,14 @@ use crate::container::{ContainerId, PodUid};
 mod privileged;
 
 const MIB: u64 = 1024 * 1024;
+const NET_DEV: &str = "\
+Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:  900 9 0 0 0 0 0 0  900 9 0 0 0 0 0 0
+  eth0: 1000 10 1 0 0 0 0 0 2000 20 2 0 0 0 0 0
+vethab12: 5 1 0 0 0 0 0 0 6 1 0 0 0 0 0 0
+  cni0:  300 3 0 0 0 0 0 0  400 4 3 0 0 0 0 0
+";
 /// What the v1 memory controller reports for "no limit" (`i64::MAX` rounded down to a page).
 const V1_UNLIMITED: u64 = 9_223_372_036_854_771_712;
 const POD_CGROUP: &str = "/kubepods/burstable/pod1234";
@@ -66,6 +74,7 @@ impl Fixture {
             "nr_free_pages 10\npgfault 12345\npgmajfault 67\n",
         );
         write(&root.join("proc/loadavg"), "0.10 0.20 0.30 3/456 789\n");
+        write(&root.join("proc/net/dev"), NET_DEV);
         write(&root.join("proc/sys/kernel/pid_max"), "32768\n");
         fs::create_dir_all(root.join("var/lib/kubelet")).unwrap();
         fs::create_dir_all(root.join("var/log/pods")).unwrap();
@@ -486,6 +495,28 @@ fn node_stats_from_procfs_and_the_root_cgroup() {
             curproc: Some(456),
         })
     );
+    let eth0 = InterfaceStats {
+        name: "eth0".to_owned(),
+        rx_bytes: Some(1000),
+        rx_errors: Some(1),
+        tx_bytes: Some(2000),
+        tx_errors: Some(2),
+    };
+    let cni0 = InterfaceStats {
+        name: "cni0".to_owned(),
+        rx_bytes: Some(300),
+        rx_errors: Some(0),
+        tx_bytes: Some(400),
+        tx_errors: Some(3),
+    };
+    assert_eq!(
+        node.network,
+        Some(NetworkStats {
+            time: ts(1_700_001_000),
+            default_interface: eth0.clone(),
+            interfaces: vec![eth0, cni0],
+        })
+    );
     let pods = &node.system_containers[0];
     assert_eq!(pods.name, SYSTEM_CONTAINER_PODS);
     assert_eq!(
@@ -779,6 +810,7 @@ fn cpu_and_memory_summary_skips_the_filesystems() {
         (&node.fs, &node.runtime, &node.rlimit),
         (&None, &None, &None)
     );
+    assert_eq!(node.network, None);
     let pod = &summary.pods[0];
     assert!(pod.cpu.is_some() && pod.memory.is_some());
     assert_eq!(pod.ephemeral_storage, None);
@@ -833,6 +865,17 @@ fn full_summary() -> Summary {
             start_time: ts(1_700_000_000),
             cpu: Some(cpu(250_000_000, 12_500_000_000)),
             memory: Some(memory(2_097_152)),
+            network: Some(NetworkStats {
+                time: time(),
+                default_interface: InterfaceStats::default(),
+                interfaces: vec![InterfaceStats {
+                    name: "ens3".to_owned(),
+                    rx_bytes: Some(1),
+                    rx_errors: Some(2),
+                    tx_bytes: Some(3),
+                    tx_errors: Some(4),
+                }],
+            }),
             fs: Some(fs.clone()),
             runtime: Some(RuntimeStats {
                 image_fs: Some(fs.clone()),
@@ -920,6 +963,13 @@ fn summary_json_has_the_kubelet_field_names() {
             "startTime": "2023-11-14T22:13:20Z",
             "cpu": cpu(250_000_000, 12_500_000_000),
             "memory": memory(2_097_152),
+            "network": {
+                "time": "2023-11-14T22:30:00Z",
+                "name": "",
+                "interfaces": [
+                    {"name": "ens3", "rxBytes": 1, "rxErrors": 2, "txBytes": 3, "txErrors": 4}
+                ]
+            },
             "fs": fs,
             "runtime": {"imageFs": fs},
             "rlimit": {"time": "2023-11-14T22:30:00Z", "maxpid": 32768, "curproc": 456},

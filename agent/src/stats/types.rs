@@ -29,6 +29,8 @@ pub struct NodeStats {
     pub cpu: Option<CpuStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkStats>,
     /// The filesystem of the agent's root directory (`nodefs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs: Option<FsStats>,
@@ -105,6 +107,32 @@ pub struct ContainerStats {
     /// The container's log files; `usedBytes` is their size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<FsStats>,
+}
+
+/// Network traffic: the default interface (`eth0`) inline, every interface in `interfaces`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkStats {
+    pub time: Time,
+    /// `eth0`'s counters; only an empty name when the node has no `eth0`, as with the kubelet.
+    #[serde(flatten)]
+    pub default_interface: InterfaceStats,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<InterfaceStats>,
+}
+
+/// Cumulative counters of one network interface.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceStats {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_errors: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_errors: Option<u64>,
 }
 
 /// CPU usage of a cgroup or the node.
