@@ -262,7 +262,7 @@ impl Scrape<'_> {
     }
 
     fn node(&mut self) -> NodeStats {
-        let settings = self.settings();
+        let inner = self.inner;
         let start_time = match self.inner.procfs.boot_time() {
             Ok(seconds) => Timestamp::from_second(seconds).unwrap_or(Timestamp::UNIX_EPOCH),
             Err(error) => {
@@ -270,12 +270,12 @@ impl Scrape<'_> {
                 Timestamp::UNIX_EPOCH
             }
         };
-        let layout = settings.cgroups.clone();
-        let procfs = self.inner.procfs.clone();
         let cpu = self.cpu(ROOT_CGROUP, || {
-            layout
+            inner
+                .settings
+                .cgroups
                 .cpu_usage_ns(ROOT_CGROUP)
-                .or_else(|_| procfs.cpu_usage_ns())
+                .or_else(|_| inner.procfs.cpu_usage_ns())
         });
 
         let time = self.now();
@@ -488,7 +488,7 @@ impl Scrape<'_> {
     }
 
     fn cgroup_usage(&mut self, cgroup: &str) -> (Option<CpuStats>, Option<MemoryStats>) {
-        let layout = self.settings().cgroups.clone();
+        let layout = &self.inner.settings.cgroups;
         let cpu = self.cpu(cgroup, || layout.cpu_usage_ns(cgroup));
         let time = self.now();
         let memory = match layout.memory(cgroup) {
