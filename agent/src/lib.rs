@@ -17,5 +17,6 @@ pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;
 pub mod server;
+pub mod stats;
 pub mod status;
 pub mod volumes;
