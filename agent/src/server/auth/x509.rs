@@ -87,9 +87,10 @@ mod tests {
         params
             .distinguished_name
             .push(DnType::OrganizationName, "devs");
+        // rcgen keeps one value per attribute type; the raw organizationName OID adds a second O.
         params
             .distinguished_name
-            .push(DnType::OrganizationName, "ops");
+            .push(DnType::CustomDnType(vec![2, 5, 4, 10]), "ops");
         let user = authenticate(Some(&peer(&params))).unwrap().unwrap();
         assert_eq!(user.name, "alice");
         assert_eq!(user.groups, ["devs", "ops"]);
