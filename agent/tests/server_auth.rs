@@ -17,6 +17,7 @@ use ringlet::server::auth::{
     AuthSettings, AuthorizationMode, DEFAULT_CACHE_AUTHORIZED_TTL, DEFAULT_CACHE_UNAUTHORIZED_TTL,
     DEFAULT_WEBHOOK_CACHE_TTL, Denial, KubeletAuth, UserInfo,
 };
+use rustls_pki_types::CertificateDer;
 use support::apiserver::{ApiServerDouble, Failure, KubeconfigUser, TokenUser};
 
 const NODE: &str = "node-a";
@@ -42,8 +43,9 @@ fn settings(
 }
 
 fn auth(double: &ApiServerDouble, settings: AuthSettings) -> KubeletAuth {
-    let client = ApiServerClient::from_kubeconfig(double.kubeconfig()).unwrap();
-    KubeletAuth::new(settings, Some(client)).unwrap()
+    let client = ApiServerClient::from_kubeconfig(double.kubeconfig())
+        .unwrap_or_else(|e| panic!("a client from the double's kubeconfig: {e}"));
+    KubeletAuth::new(settings, Some(client)).unwrap_or_else(|e| panic!("KubeletAuth::new: {e}"))
 }
 
 fn request(method: Method, path: &str) -> Request<()> {
@@ -51,13 +53,14 @@ fn request(method: Method, path: &str) -> Request<()> {
         .method(method)
         .uri(path)
         .body(())
-        .unwrap()
+        .unwrap_or_else(|e| panic!("building a request for {path}: {e}"))
 }
 
 fn with_token(mut request: Request<()>, token: &str) -> Request<()> {
-    request
-        .headers_mut()
-        .insert(AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+    let value = format!("Bearer {token}")
+        .parse()
+        .unwrap_or_else(|e| panic!("token {token:?} as a header: {e}"));
+    request.headers_mut().insert(AUTHORIZATION, value);
     request
 }
 
@@ -67,37 +70,44 @@ fn with_certificate(
     common_name: &str,
     organizations: &[&str],
 ) -> Request<()> {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    let chain = client_chain(common_name, organizations)
+        .unwrap_or_else(|e| panic!("creating a client certificate for {common_name}: {e}"));
+    request
+        .extensions_mut()
+        .insert(PeerCertificates(Arc::from(chain)));
+    request
+}
+
+fn client_chain(
+    common_name: &str,
+    organizations: &[&str],
+) -> Result<Vec<CertificateDer<'static>>, rcgen::Error> {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
         .distinguished_name
         .push(DnType::CommonName, "client-ca");
     ca_params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
     params
         .distinguished_name
         .push(DnType::CommonName, common_name);
-    // rcgen keeps one value per attribute type; the raw organizationName OID carries the others.
+    assert!(
+        organizations.len() <= 2,
+        "the helper supports two organizations"
+    );
+    // rcgen keeps one value per attribute type; the raw organizationName OID carries a second.
     for (index, organization) in organizations.iter().enumerate() {
         let kind = if index == 0 {
             DnType::OrganizationName
         } else {
             DnType::CustomDnType(vec![2, 5, 4, 10])
         };
-        assert!(index < 2, "the helper supports two organizations");
         params.distinguished_name.push(kind, *organization);
     }
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let leaf = params
-        .signed_by(&KeyPair::generate().unwrap(), &ca)
-        .unwrap();
-    request
-        .extensions_mut()
-        .insert(PeerCertificates(Arc::from(vec![
-            leaf.der().clone(),
-            ca.der().clone(),
-        ])));
-    request
+    let leaf = params.signed_by(&KeyPair::generate()?, &ca)?;
+    Ok(vec![leaf.der().clone(), ca.der().clone()])
 }
 
 fn user(name: &str, groups: &[&str]) -> TokenUser {

@@ -3,7 +3,7 @@
 //!
 //! Relative file paths inside the kubeconfig are resolved against the kubeconfig's own directory, as
 //! clientcmd does. `insecure-skip-tls-verify: true` is refused: the agent sends bearer tokens and
-//! TokenReview answers over this connection, so it must know whom it talks to.
+//! `TokenReview` answers over this connection, so it must know whom it talks to.
 
 use std::path::{Path, PathBuf};
 

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
@@ -129,41 +129,53 @@ impl ApiServerDouble {
     /// (inline CA data, token [`AGENT_TOKEN`]).
     pub async fn start() -> Self {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        let mut ca_params =
+            CertificateParams::new(Vec::<String>::new()).or_panic("creating the CA's parameters");
         ca_params
             .distinguished_name
             .push(DnType::CommonName, "api-server-double-ca");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let ca = CertifiedIssuer::self_signed(
+            ca_params,
+            KeyPair::generate().or_panic("generating the CA key"),
+        )
+        .or_panic("self-signing the CA");
 
-        let server_key = KeyPair::generate().unwrap();
+        let server_key = KeyPair::generate().or_panic("generating the server key");
         let mut server_params =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+                .or_panic("creating the server certificate's parameters");
         server_params
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
         server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let server_cert = server_params.signed_by(&server_key, &ca).unwrap();
+        let server_cert = server_params
+            .signed_by(&server_key, &ca)
+            .or_panic("signing the server certificate");
 
         let mut roots = RootCertStore::empty();
-        roots.add(ca.der().clone()).unwrap();
+        roots.add(ca.der().clone()).or_panic("trusting the CA");
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
             .allow_unauthenticated()
             .build()
-            .unwrap();
+            .or_panic("building the client certificate verifier");
         let tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .unwrap()
+            .or_panic("choosing TLS versions")
             .with_client_cert_verifier(verifier)
             .with_single_cert(
                 vec![server_cert.der().clone()],
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
             )
-            .unwrap();
+            .or_panic("setting the server certificate");
 
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .or_panic("binding 127.0.0.1:0");
+        let addr = listener
+            .local_addr()
+            .or_panic("reading the listening address");
         let state = Arc::new(State {
             rules: Mutex::new(Rules::default()),
             token_reviews: AtomicUsize::new(0),
@@ -177,7 +189,7 @@ impl ApiServerDouble {
             state.clone(),
         ));
 
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().or_panic("creating the temporary directory");
         let mut double = Self {
             addr,
             state,
@@ -206,13 +218,16 @@ impl ApiServerDouble {
         let user_yaml = match user {
             KubeconfigUser::Token(token) => format!("token: {token:?}"),
             KubeconfigUser::TokenFile(token) => {
-                std::fs::write(dir.join(format!("{name}.token")), format!("{token}\n")).unwrap();
+                std::fs::write(dir.join(format!("{name}.token")), format!("{token}\n"))
+                    .or_panic("writing the token file");
                 format!("tokenFile: {name}.token")
             }
             KubeconfigUser::ClientCertificate(common_name) => {
                 let (certificate, key) = self.client_certificate(common_name, &[]);
-                std::fs::write(dir.join(format!("{name}.crt")), certificate).unwrap();
-                std::fs::write(dir.join(format!("{name}.key")), key).unwrap();
+                std::fs::write(dir.join(format!("{name}.crt")), certificate)
+                    .or_panic("writing the client certificate");
+                std::fs::write(dir.join(format!("{name}.key")), key)
+                    .or_panic("writing the client key");
                 format!("client-certificate: {name}.crt\n    client-key: {name}.key")
             }
         };
@@ -222,7 +237,7 @@ impl ApiServerDouble {
             STANDARD.encode(self.ca.pem()),
         );
         let path = dir.join(name);
-        std::fs::write(&path, kubeconfig).unwrap();
+        std::fs::write(&path, kubeconfig).or_panic("writing the kubeconfig");
         path
     }
 
@@ -232,8 +247,9 @@ impl ApiServerDouble {
         common_name: &str,
         organizations: &[&str],
     ) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        let key = KeyPair::generate().or_panic("generating the client key");
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .or_panic("creating the client certificate's parameters");
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
@@ -243,7 +259,9 @@ impl ApiServerDouble {
                 .push(DnType::OrganizationName, *organization);
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let certificate = params.signed_by(&key, &self.ca).unwrap();
+        let certificate = params
+            .signed_by(&key, &self.ca)
+            .or_panic("signing the client certificate");
         (certificate.pem(), key.serialize_pem())
     }
 
@@ -289,12 +307,12 @@ impl ApiServerDouble {
         }
     }
 
-    /// TokenReview creates received (valid or not, failing or not).
+    /// `TokenReview` creates received (valid or not, failing or not).
     pub fn token_reviews(&self) -> usize {
         self.state.token_reviews.load(Ordering::SeqCst)
     }
 
-    /// SubjectAccessReview creates received (valid or not, failing or not).
+    /// `SubjectAccessReview` creates received (valid or not, failing or not).
     pub fn subject_access_reviews(&self) -> usize {
         self.state.subject_access_reviews.load(Ordering::SeqCst)
     }
@@ -456,13 +474,11 @@ async fn handle(
     let body = body.to_bytes();
 
     if failure == Failure::Garbage {
-        return Ok(Response::builder()
-            .status(StatusCode::CREATED)
-            .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from_static(
-                b"{\"kind\":\"Pod\",\"apiVersion\":\"v1\"",
-            )))
-            .unwrap());
+        // Truncated JSON of the wrong kind.
+        return Ok(json_response(
+            StatusCode::CREATED,
+            Bytes::from_static(b"{\"kind\":\"Pod\",\"apiVersion\":\"v1\""),
+        ));
     }
 
     let rules = lock(&state.rules);
@@ -476,13 +492,16 @@ async fn handle(
         answer.map(|(_, value)| value)
     };
     Ok(match answer {
-        Ok(value) => Response::builder()
-            .status(StatusCode::CREATED)
-            .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(value.to_string())))
-            .unwrap(),
-        Err(response) => response,
+        Ok(value) => json_response(StatusCode::CREATED, Bytes::from(value.to_string())),
+        Err(rejection) => status_response(rejection.status, rejection.reason, &rejection.message),
     })
+}
+
+/// A refused review, answered with a `Status` body.
+struct Rejection {
+    status: StatusCode,
+    reason: &'static str,
+    message: String,
 }
 
 /// Decodes `body` as `api_version`/`kind`, as the API server's REST handler does: absent fields
@@ -491,9 +510,12 @@ fn decode<T: serde::de::DeserializeOwned>(
     body: &[u8],
     api_version: &str,
     kind: &str,
-) -> Result<(T, Value), Response<Full<Bytes>>> {
-    let bad_request =
-        |message: String| status_response(StatusCode::BAD_REQUEST, "BadRequest", &message);
+) -> Result<(T, Value), Rejection> {
+    let bad_request = |message: String| Rejection {
+        status: StatusCode::BAD_REQUEST,
+        reason: "BadRequest",
+        message,
+    };
     let mut value: Value = serde_json::from_slice(body).map_err(|error| {
         bad_request(format!(
             "the body of the request could not be decoded: {error}"
@@ -531,16 +553,16 @@ fn decode<T: serde::de::DeserializeOwned>(
     Ok((typed, value))
 }
 
-fn review_token(rules: &Rules, body: &[u8]) -> Result<Value, Response<Full<Bytes>>> {
+fn review_token(rules: &Rules, body: &[u8]) -> Result<Value, Rejection> {
     let (review, mut echoed): (TokenReview, Value) =
         decode(body, "authentication.k8s.io/v1", "TokenReview")?;
     let token = review.spec.token.unwrap_or_default();
     if token.is_empty() {
-        return Err(status_response(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "token is required for TokenReview in authentication",
-        ));
+        return Err(Rejection {
+            status: StatusCode::BAD_REQUEST,
+            reason: "BadRequest",
+            message: "token is required for TokenReview in authentication".to_owned(),
+        });
     }
     let audiences = review
         .spec
@@ -569,21 +591,16 @@ fn review_token(rules: &Rules, body: &[u8]) -> Result<Value, Response<Full<Bytes
     Ok(echoed)
 }
 
-fn review_access(
-    rules: &Rules,
-    body: &[u8],
-) -> Result<(SubjectAccessReview, Value), Response<Full<Bytes>>> {
+fn review_access(rules: &Rules, body: &[u8]) -> Result<(SubjectAccessReview, Value), Rejection> {
     let (review, mut echoed): (SubjectAccessReview, Value) =
         decode(body, "authorization.k8s.io/v1", "SubjectAccessReview")?;
     let spec = &review.spec;
-    let invalid = |field: &str, message: &str| {
-        status_response(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            &format!(
-                "SubjectAccessReview.authorization.k8s.io \"\" is invalid: {field}: Invalid value: \"null\": {message}"
-            ),
-        )
+    let invalid = |field: &str, message: &str| Rejection {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        reason: "Invalid",
+        message: format!(
+            "SubjectAccessReview.authorization.k8s.io \"\" is invalid: {field}: Invalid value: \"null\": {message}"
+        ),
     };
     let user = spec.user.clone().unwrap_or_default();
     let groups = spec.groups.clone().unwrap_or_default();
@@ -636,7 +653,10 @@ fn review_access(
 fn fill<S: serde::Serialize>(echoed: &mut Value, status: &S) {
     if let Some(object) = echoed.as_object_mut() {
         object.insert("metadata".to_owned(), json!({"creationTimestamp": null}));
-        object.insert("status".to_owned(), serde_json::to_value(status).unwrap());
+        object.insert(
+            "status".to_owned(),
+            serde_json::to_value(status).or_panic("encoding the review status"),
+        );
     }
 }
 
@@ -650,9 +670,25 @@ fn status_response(status: StatusCode, reason: &str, message: &str) -> Response<
         "reason": reason,
         "code": status.as_u16(),
     });
-    Response::builder()
-        .status(status)
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap()
+    json_response(status, Bytes::from(body.to_string()))
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Set-up failures of the double fail the test that uses it, saying what was being done.
+trait OrPanic<T> {
+    fn or_panic(self, what: &str) -> T;
+}
+
+impl<T, E: std::fmt::Display> OrPanic<T> for Result<T, E> {
+    fn or_panic(self, what: &str) -> T {
+        self.unwrap_or_else(|error| panic!("API-server double: {what}: {error}"))
+    }
 }

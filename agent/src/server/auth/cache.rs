@@ -85,7 +85,7 @@ mod tests {
     async fn entries_expire_after_their_ttl() {
         let cache = TtlCache::new();
         cache.insert(key(b"a"), 1, Duration::from_secs(30));
-        cache.insert(key(b"b"), 2, Duration::from_secs(300));
+        cache.insert(key(b"b"), 2, Duration::from_mins(5));
         tokio::time::advance(Duration::from_secs(29)).await;
         assert_eq!(cache.get(&key(b"a")), Some(1));
         tokio::time::advance(Duration::from_secs(1)).await;

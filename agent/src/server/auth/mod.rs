@@ -32,9 +32,9 @@ use attributes::Attributes;
 use webhook::{Decision, SubjectAccessReviewer, TokenAuthenticator, TokenOutcome};
 
 /// `authentication.webhook.cacheTTL` default.
-pub const DEFAULT_WEBHOOK_CACHE_TTL: Duration = Duration::from_secs(2 * 60);
+pub const DEFAULT_WEBHOOK_CACHE_TTL: Duration = Duration::from_mins(2);
 /// `authorization.webhook.cacheAuthorizedTTL` default.
-pub const DEFAULT_CACHE_AUTHORIZED_TTL: Duration = Duration::from_secs(5 * 60);
+pub const DEFAULT_CACHE_AUTHORIZED_TTL: Duration = Duration::from_mins(5);
 /// `authorization.webhook.cacheUnauthorizedTTL` default.
 pub const DEFAULT_CACHE_UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
 
@@ -42,7 +42,7 @@ const ANONYMOUS_USER: &str = "system:anonymous";
 const UNAUTHENTICATED_GROUP: &str = "system:unauthenticated";
 const AUTHENTICATED_GROUP: &str = "system:authenticated";
 
-/// The `authentication` and `authorization` parts of the KubeletConfiguration.
+/// The `authentication` and `authorization` parts of the `KubeletConfiguration`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthSettings {
     /// `authentication.anonymous.enabled` (ringlet's default: false).
