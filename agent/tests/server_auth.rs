@@ -496,6 +496,46 @@ async fn api_server_trouble_is_401_or_403_never_500_and_is_not_cached() {
 }
 
 #[tokio::test]
+async fn an_api_server_that_never_answers_times_out() {
+    let double = ApiServerDouble::start().await;
+    double.add_token("good", user("bob", &[]));
+    double.set_failure(Failure::Hang);
+    let client = ApiServerClient::from_kubeconfig(double.kubeconfig())
+        .unwrap()
+        .with_timeout(Duration::from_millis(200));
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some("good".to_owned()),
+            audiences: None,
+        },
+        ..TokenReview::default()
+    };
+    let error = client
+        .create::<_, TokenReview>("/apis/authentication.k8s.io/v1/tokenreviews", &review)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ApiServerError::Timeout { url, timeout } if url.starts_with(&double.url()) && *timeout == Duration::from_millis(200)),
+        "{error:?}"
+    );
+
+    let auth = KubeletAuth::new(
+        settings(
+            false,
+            Some(DEFAULT_WEBHOOK_CACHE_TTL),
+            AuthorizationMode::AlwaysAllow,
+        ),
+        Some(client),
+    )
+    .unwrap();
+    let denial = auth
+        .check(&with_token(request(Method::GET, "/pods"), "good"))
+        .await
+        .unwrap_err();
+    assert_eq!(denial.status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
 async fn request_mapping_reaches_the_authorizer() {
     let double = ApiServerDouble::start().await;
     let auth = auth(

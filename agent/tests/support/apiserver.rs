@@ -74,6 +74,8 @@ pub enum Failure {
     Close,
     /// 201 Created with a body that is not a review.
     Garbage,
+    /// No answer at all, the connection left open.
+    Hang,
 }
 
 /// Who a kubeconfig written by [`ApiServerDouble::write_kubeconfig`] says the agent is.
@@ -417,6 +419,7 @@ async fn handle(
             ));
         }
         Failure::Close => return Err(CloseConnection),
+        Failure::Hang => std::future::pending().await,
     }
 
     let bearer = request

@@ -305,8 +305,8 @@ mod tests {
         assert_eq!(with_authenticated_group(user.clone()), user);
     }
 
-    #[tokio::test]
-    async fn webhooks_need_an_api_server() {
+    #[test]
+    fn webhooks_need_an_api_server() {
         let settings = AuthSettings {
             anonymous_enabled: false,
             webhook_authentication: Some(DEFAULT_WEBHOOK_CACHE_TTL),
