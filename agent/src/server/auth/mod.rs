@@ -16,10 +16,9 @@
 pub mod attributes;
 mod cache;
 mod webhook;
-pub mod x509;
+mod x509;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +26,7 @@ use http::header::AUTHORIZATION;
 use http::{Request, StatusCode};
 
 use crate::apiserver::ApiServerClient;
+use crate::error_chain::error_chain;
 use crate::server::PeerCertificates;
 use attributes::Attributes;
 use webhook::{Decision, SubjectAccessReviewer, TokenAuthenticator, TokenOutcome};
@@ -41,6 +41,9 @@ pub const DEFAULT_CACHE_UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
 const ANONYMOUS_USER: &str = "system:anonymous";
 const UNAUTHENTICATED_GROUP: &str = "system:unauthenticated";
 const AUTHENTICATED_GROUP: &str = "system:authenticated";
+/// The 403 reason when the authorizer gave no answer; the cause is logged, not sent to the client.
+const UNREACHABLE_AUTHORIZER: &str =
+    "the authorizer (SubjectAccessReview on the API server) could not be reached";
 
 /// The `authentication` and `authorization` parts of the `KubeletConfiguration`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,7 +184,8 @@ impl KubeletAuth {
             Ok(Some(user)) => return Ok(with_authenticated_group(user)),
             Ok(None) => {}
             Err(error) => {
-                tracing::warn!(error = %crate::error_chain::error_chain(&error), "client certificate authentication failed");
+                let error = error_chain(&error);
+                tracing::warn!(%error, "client certificate authentication failed");
                 failed = true;
             }
         }
@@ -193,7 +197,8 @@ impl KubeletAuth {
                     failed = true;
                 }
                 Err(error) => {
-                    tracing::warn!(error = %crate::error_chain::error_chain(&error), "bearer token authentication failed");
+                    let error = error_chain(&error);
+                    tracing::warn!(%error, "bearer token authentication failed");
                     failed = true;
                 }
             }
@@ -214,7 +219,8 @@ impl KubeletAuth {
             return Ok(());
         };
         let verb = attributes::verb(request.method());
-        let subresources = attributes::subresources_to_try(request.uri().path());
+        let path = request.uri().path();
+        let subresources = attributes::subresources_to_try(path);
         let mut reasons = Vec::new();
         for subresource in subresources {
             let attributes = Attributes {
@@ -231,17 +237,20 @@ impl KubeletAuth {
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(user = %user.name, %verb, %subresource, error = %crate::error_chain::error_chain(&error), "authorization failed");
-                    reasons.push("the authorizer (SubjectAccessReview on the API server) could not be reached".to_owned());
+                    let error = error_chain(&error);
+                    tracing::warn!(user = %user.name, %verb, %subresource, %error, "authorization failed");
+                    reasons.push(UNREACHABLE_AUTHORIZER.to_owned());
                 }
             }
         }
         let mut message = format!(
             "Forbidden (user={}, verb={verb}, resource=nodes, subresource={})",
-            user.name, subresources[0]
+            user.name,
+            attributes::subresource(path)
         );
         if !reasons.is_empty() {
-            let _ = write!(message, ": {}", reasons.join("; "));
+            message.push_str(": ");
+            message.push_str(&reasons.join("; "));
         }
         tracing::debug!(%message, "request refused");
         Err(Denial {
