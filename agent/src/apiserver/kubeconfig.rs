@@ -42,6 +42,8 @@ struct Cluster {
     certificate_authority_data: Option<String>,
     #[serde(default)]
     insecure_skip_tls_verify: bool,
+    tls_server_name: Option<String>,
+    proxy_url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -54,6 +56,9 @@ struct User {
     token: Option<String>,
     #[serde(rename = "tokenFile")]
     token_file: Option<PathBuf>,
+    exec: Option<serde_yaml::Value>,
+    auth_provider: Option<serde_yaml::Value>,
+    username: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -120,31 +125,7 @@ fn resolve(text: &str, path: &Path, base: &Path) -> Result<Resolved, ApiServerEr
             context.cluster, config.current_context
         ))
     })?;
-    if cluster.insecure_skip_tls_verify {
-        return Err(invalid(format!(
-            "cluster {:?} sets insecure-skip-tls-verify, which ringlet refuses; set certificate-authority or certificate-authority-data",
-            context.cluster
-        )));
-    }
-    if !cluster.server.starts_with("https://") {
-        return Err(invalid(format!(
-            "server {:?} of cluster {:?} is not an https:// URL",
-            cluster.server, context.cluster
-        )));
-    }
-    let certificate_authority = file_or_data(
-        base,
-        path,
-        "certificate-authority",
-        cluster.certificate_authority.as_deref(),
-        cluster.certificate_authority_data.as_deref(),
-    )?
-    .ok_or_else(|| {
-        invalid(format!(
-            "cluster {:?} has neither certificate-authority nor certificate-authority-data (ringlet does not fall back to system roots)",
-            context.cluster
-        ))
-    })?;
+    let certificate_authority = cluster_trust(cluster, &context.cluster, path, base)?;
 
     let default_user = User::default();
     let user = if context.user.is_empty() {
@@ -157,7 +138,80 @@ fn resolve(text: &str, path: &Path, base: &Path) -> Result<Resolved, ApiServerEr
             ))
         })?
     };
+    Ok(Resolved {
+        server: cluster.server.trim_end_matches('/').to_owned(),
+        certificate_authority,
+        credentials: user_credentials(user, &context.user, path, base)?,
+    })
+}
 
+/// Checks what the cluster entry asks of TLS and returns the CA bundle to trust.
+fn cluster_trust(
+    cluster: &Cluster,
+    name: &str,
+    path: &Path,
+    base: &Path,
+) -> Result<Vec<u8>, ApiServerError> {
+    let invalid = |reason: String| ApiServerError::InvalidKubeconfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if cluster.insecure_skip_tls_verify {
+        return Err(invalid(format!(
+            "cluster {name:?} sets insecure-skip-tls-verify, which ringlet refuses; set certificate-authority or certificate-authority-data"
+        )));
+    }
+    for (field, set) in [
+        ("tls-server-name", cluster.tls_server_name.is_some()),
+        ("proxy-url", cluster.proxy_url.is_some()),
+    ] {
+        if set {
+            return Err(invalid(format!(
+                "cluster {name:?} sets {field}, which ringlet does not support"
+            )));
+        }
+    }
+    if !cluster.server.starts_with("https://") {
+        return Err(invalid(format!(
+            "server {:?} of cluster {name:?} is not an https:// URL",
+            cluster.server
+        )));
+    }
+    file_or_data(
+        base,
+        path,
+        "certificate-authority",
+        cluster.certificate_authority.as_deref(),
+        cluster.certificate_authority_data.as_deref(),
+    )?
+    .ok_or_else(|| {
+        invalid(format!(
+            "cluster {name:?} has neither certificate-authority nor certificate-authority-data (ringlet does not fall back to system roots)"
+        ))
+    })
+}
+
+fn user_credentials(
+    user: &User,
+    name: &str,
+    path: &Path,
+    base: &Path,
+) -> Result<Credentials, ApiServerError> {
+    let invalid = |reason: String| ApiServerError::InvalidKubeconfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    for (field, set) in [
+        ("exec", user.exec.is_some()),
+        ("auth-provider", user.auth_provider.is_some()),
+        ("username", user.username.is_some()),
+    ] {
+        if set {
+            return Err(invalid(format!(
+                "user {name:?} sets {field}, which ringlet does not support; use a client certificate, token or tokenFile"
+            )));
+        }
+    }
     let chain = file_or_data(
         base,
         path,
@@ -172,29 +226,18 @@ fn resolve(text: &str, path: &Path, base: &Path) -> Result<Resolved, ApiServerEr
         user.client_key.as_deref(),
         user.client_key_data.as_deref(),
     )?;
-    let credentials = match (chain, key, &user.token, &user.token_file) {
-        (Some(chain), Some(key), None, None) => Credentials::ClientCertificate { chain, key },
-        (None, None, Some(token), None) => Credentials::Token(token.clone()),
-        (None, None, None, Some(file)) => Credentials::TokenFile(base.join(file)),
-        (None, None, None, None) => Credentials::None,
-        (Some(_), None, _, _) | (None, Some(_), _, _) => {
-            return Err(invalid(format!(
-                "user {:?} needs both client-certificate and client-key",
-                context.user
-            )));
-        }
-        _ => {
-            return Err(invalid(format!(
-                "user {:?} sets more than one of client certificate, token and tokenFile",
-                context.user
-            )));
-        }
-    };
-    Ok(Resolved {
-        server: cluster.server.trim_end_matches('/').to_owned(),
-        certificate_authority,
-        credentials,
-    })
+    match (chain, key, &user.token, &user.token_file) {
+        (Some(chain), Some(key), None, None) => Ok(Credentials::ClientCertificate { chain, key }),
+        (None, None, Some(token), None) => Ok(Credentials::Token(token.clone())),
+        (None, None, None, Some(file)) => Ok(Credentials::TokenFile(base.join(file))),
+        (None, None, None, None) => Ok(Credentials::None),
+        (Some(_), None, _, _) | (None, Some(_), _, _) => Err(invalid(format!(
+            "user {name:?} needs both client-certificate and client-key"
+        ))),
+        _ => Err(invalid(format!(
+            "user {name:?} sets more than one of client certificate, token and tokenFile"
+        ))),
+    }
 }
 
 fn find<'a, T>(entries: &'a [Named<T>], name: &str) -> Option<&'a T> {
@@ -278,6 +321,29 @@ mod tests {
             resolve_str(&text).unwrap().credentials,
             Credentials::TokenFile(PathBuf::from("/etc/ringlet/token"))
         );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_honour() {
+        let ca = STANDARD.encode("PEM");
+        for (cluster, user, field) in [
+            ("tls-server-name: api", "token: t", "tls-server-name"),
+            ("proxy-url: 'http://p'", "token: t", "proxy-url"),
+            ("{}", "exec: {command: aws}", "exec"),
+            ("{}", "auth-provider: {name: gcp}", "auth-provider"),
+            ("{}", "username: u, password: p", "username"),
+        ] {
+            let cluster = if cluster == "{}" {
+                String::new()
+            } else {
+                format!(", {cluster}")
+            };
+            let text = format!(
+                "{HEADER}clusters:\n- name: c\n  cluster: {{server: 'https://a', certificate-authority-data: {ca}{cluster}}}\nusers:\n- name: u\n  user: {{{user}}}\n"
+            );
+            let error = resolve_str(&text).unwrap_err().to_string();
+            assert!(error.contains(field), "{field}: {error}");
+        }
     }
 
     #[test]
