@@ -2,7 +2,7 @@
 //! `pkg/kubelet/server/auth.go` and `cmd/kubelet/app/auth.go` set them up from k8s.io/apiserver's
 //! delegating authenticator and authorizer.
 //!
-//! Authentication tries, in order, the verified client certificate ([`x509`]), then an
+//! Authentication tries, in order, the verified client certificate (`x509`), then an
 //! `Authorization: Bearer` token reviewed by the API server (when `authentication.webhook.enabled`),
 //! then anonymous (when `authentication.anonymous.enabled`). A certificate or token that fails is a
 //! 401 even with anonymous enabled: a bad credential is never silently downgraded. Authenticated
@@ -12,6 +12,9 @@
 //! after this node ([`attributes`]). Unlike the kubelet, which answers 500 when the authorizer fails,
 //! an unreachable or confused API server is a 403 (and a 401 for authentication): the cause goes to
 //! the log, never to the client.
+//!
+//! Webhook answers are cached (`webhook`); unlike k8s.io/apiserver there is no retry with back-off
+//! and concurrent identical reviews are not merged, so a burst of new tokens costs one review each.
 
 pub mod attributes;
 mod cache;
