@@ -35,7 +35,8 @@ pub(crate) fn authenticate(
     let (_, certificate) =
         X509Certificate::from_der(leaf).map_err(|source| X509AuthError::Parse { source })?;
     let subject = certificate.subject();
-    let Some(common_name) = subject.iter_common_name().next() else {
+    // Go's `pkix.Name.CommonName`, which the kubelet reads, keeps the last CN of the subject.
+    let Some(common_name) = subject.iter_common_name().last() else {
         return Ok(None);
     };
     let name = common_name
