@@ -121,6 +121,21 @@ fn user(name: &str, groups: &[&str]) -> TokenUser {
     }
 }
 
+/// The router awaits `check` inside connection tasks, so its future must be `Send` even for a body
+/// type that is not `Sync` (hyper's `Incoming` body is not).
+#[test]
+fn check_futures_are_send_for_any_body() {
+    fn assert_send_static<F: Send + 'static>(_: &F) {}
+    /// `Send` but not `Sync`.
+    struct SendOnlyBody(std::marker::PhantomData<std::cell::Cell<u8>>);
+    let auth =
+        KubeletAuth::new(settings(false, None, AuthorizationMode::AlwaysAllow), None).unwrap();
+    let request = Request::new(SendOnlyBody(std::marker::PhantomData));
+    assert_send_static(&auth.check(&request));
+    assert_send_static(&auth.authenticate(&request));
+    assert_send_static(&auth.authorize(&UserInfo::default(), &request));
+}
+
 #[tokio::test]
 async fn client_certificate_subject_is_the_user_and_comes_before_tokens() {
     let double = ApiServerDouble::start().await;

@@ -22,11 +22,12 @@ mod webhook;
 mod x509;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::AUTHORIZATION;
-use http::{Request, StatusCode};
+use http::{Method, Request, StatusCode};
 
 use crate::apiserver::ApiServerClient;
 use crate::error_chain::error_chain;
@@ -173,17 +174,46 @@ impl KubeletAuth {
     }
 
     /// Authenticates and then authorises `request`; the user on success, the response to send
-    /// otherwise.
-    pub async fn check<B>(&self, request: &Request<B>) -> Result<UserInfo, Denial> {
-        let user = self.authenticate(request).await?;
-        self.authorize(&user, request).await?;
-        Ok(user)
+    /// otherwise. The future owns what it needs from the request (it is `Send` and `'static`
+    /// whatever the body type).
+    pub fn check<B>(
+        &self,
+        request: &Request<B>,
+    ) -> impl Future<Output = Result<UserInfo, Denial>> + Send + 'static {
+        let this = self.clone();
+        let facts = RequestFacts::of(request);
+        async move {
+            let user = this.authenticate_facts(&facts).await?;
+            this.authorize_facts(&user, &facts).await?;
+            Ok(user)
+        }
     }
 
     /// Who sent `request`; a 401 [`Denial`] when nobody acceptable did.
-    pub async fn authenticate<B>(&self, request: &Request<B>) -> Result<UserInfo, Denial> {
+    pub fn authenticate<B>(
+        &self,
+        request: &Request<B>,
+    ) -> impl Future<Output = Result<UserInfo, Denial>> + Send + 'static {
+        let this = self.clone();
+        let facts = RequestFacts::of(request);
+        async move { this.authenticate_facts(&facts).await }
+    }
+
+    /// Whether `user` may make `request`; a 403 [`Denial`] naming what was refused when not.
+    pub fn authorize<B>(
+        &self,
+        user: &UserInfo,
+        request: &Request<B>,
+    ) -> impl Future<Output = Result<(), Denial>> + Send + 'static {
+        let this = self.clone();
+        let user = user.clone();
+        let facts = RequestFacts::of(request);
+        async move { this.authorize_facts(&user, &facts).await }
+    }
+
+    async fn authenticate_facts(&self, facts: &RequestFacts) -> Result<UserInfo, Denial> {
         let mut failed = false;
-        match x509::authenticate(request.extensions().get::<PeerCertificates>()) {
+        match x509::authenticate(facts.peer.as_ref()) {
             Ok(Some(user)) => return Ok(with_authenticated_group(user)),
             Ok(None) => {}
             Err(error) => {
@@ -192,7 +222,7 @@ impl KubeletAuth {
                 failed = true;
             }
         }
-        if let (Some(tokens), Some(token)) = (&self.inner.tokens, bearer_token(request)) {
+        if let (Some(tokens), Some(token)) = (&self.inner.tokens, &facts.token) {
             match tokens.authenticate(token).await {
                 Ok(TokenOutcome::Authenticated(user)) => return Ok(with_authenticated_group(user)),
                 Ok(TokenOutcome::Rejected(reason)) => {
@@ -216,16 +246,13 @@ impl KubeletAuth {
         Err(Denial::unauthorized())
     }
 
-    /// Whether `user` may make `request`; a 403 [`Denial`] naming what was refused when not.
-    pub async fn authorize<B>(&self, user: &UserInfo, request: &Request<B>) -> Result<(), Denial> {
+    async fn authorize_facts(&self, user: &UserInfo, facts: &RequestFacts) -> Result<(), Denial> {
         let Some(authorizer) = &self.inner.authorizer else {
             return Ok(());
         };
-        let verb = attributes::verb(request.method());
-        let path = request.uri().path();
-        let subresources = attributes::subresources_to_try(path);
+        let verb = attributes::verb(&facts.method);
         let mut reasons = Vec::new();
-        for subresource in subresources {
+        for subresource in attributes::subresources_to_try(&facts.path) {
             let attributes = Attributes {
                 verb: verb.clone(),
                 resource: "nodes",
@@ -249,7 +276,7 @@ impl KubeletAuth {
         let mut message = format!(
             "Forbidden (user={}, verb={verb}, resource=nodes, subresource={})",
             user.name,
-            attributes::subresource(path)
+            attributes::subresource(&facts.path)
         );
         if !reasons.is_empty() {
             message.push_str(": ");
@@ -260,6 +287,26 @@ impl KubeletAuth {
             status: StatusCode::FORBIDDEN,
             message,
         })
+    }
+}
+
+/// What authentication and authorisation read from a request, taken before the first await so the
+/// futures do not borrow the request.
+struct RequestFacts {
+    method: Method,
+    path: String,
+    token: Option<String>,
+    peer: Option<PeerCertificates>,
+}
+
+impl RequestFacts {
+    fn of<B>(request: &Request<B>) -> Self {
+        Self {
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            token: bearer_token(request).map(str::to_owned),
+            peer: request.extensions().get::<PeerCertificates>().cloned(),
+        }
     }
 }
 
