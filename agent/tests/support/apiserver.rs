@@ -13,9 +13,10 @@
 //!
 //! Tests steer it: which tokens belong to which users, which (user or group, verb, subresource) are
 //! allowed (with the reasons given), and [`Failure`] modes (503, connection closed, garbage answers,
-//! or the whole server stopped). Counters tell how many reviews reached it, to assert caching.
-//! Not modelled: audiences beyond one default, `nonResourceAttributes` decisions (always denied),
-//! namespaces, and every other API.
+//! no answer at all, or the whole server stopped). Counters tell how many reviews reached it, to assert caching.
+//! Not modelled: RBAC on the caller itself (any authenticated caller may create reviews), audiences
+//! beyond one default, `nonResourceAttributes` decisions (always denied), namespaces, and every
+//! other API.
 
 #![allow(
     dead_code,
