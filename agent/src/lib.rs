@@ -3,6 +3,7 @@
 //! kubelet package it corresponds to.
 
 pub mod apis;
+pub mod apiserver;
 pub mod cli;
 pub mod cm;
 pub mod container;

@@ -6,6 +6,7 @@
 //! The caller binds the sockets (with [`bind`]) so bind errors surface at startup with the address,
 //! then runs [`serve_read_only`] / [`serve_healthz`] until its shutdown future completes.
 
+pub mod auth;
 mod healthz;
 mod listener;
 mod peer;
