@@ -10,23 +10,30 @@ mod healthz;
 mod listener;
 mod peer;
 mod router;
+mod routes;
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::net::TcpListener;
 
+use crate::container::{ContainerId, SandboxId, StreamingRuntime};
 use crate::metrics::Metrics;
+use crate::stats::Summary;
 
 pub use peer::PeerCertificates;
-use router::{Endpoints, Router};
+use router::Router;
+use routes::Endpoints;
 
 /// What the servers need from the kubelet (the kubelet's `HostInterface`, reduced to what is served).
-/// Both methods are called on request, so they should answer from in-memory state.
+/// The synchronous methods answer from in-memory state; the async ones may ask the runtime.
+#[async_trait]
 pub trait ServerHost: Send + Sync + 'static {
     /// The pods this node manages, with their status filled in. Called on a blocking-pool thread.
     fn pods(&self) -> Vec<Pod>;
@@ -34,6 +41,49 @@ pub trait ServerHost: Send + Sync + 'static {
     fn health_checks(&self) -> Vec<HealthCheck>;
     /// The metrics served on `/metrics`.
     fn metrics(&self) -> &Metrics;
+    /// The configuration in effect, as `/configz` serves it.
+    fn configz(&self) -> serde_json::Value;
+    /// The node's log directory served under `/logs/` (the kubelet's `/var/log`).
+    fn node_log_dir(&self) -> &Path;
+    /// Pods as the runtime sees them (`/runningpods/`): only what the runtime knows, no spec.
+    async fn running_pods(&self) -> Result<Vec<Pod>, HostError>;
+    /// The Summary API (`/stats/summary`) for the node and its running pods.
+    async fn stats_summary(&self) -> Result<Summary, HostError>;
+    /// The container a path names: the newest instance, or with `previous` the one before it.
+    async fn container(
+        &self,
+        pod: &PodRef<'_>,
+        container: &str,
+        previous: bool,
+    ) -> Result<FoundContainer, HostError>;
+    /// The ready sandbox of a pod (for port forwarding).
+    async fn sandbox(&self, pod: &PodRef<'_>) -> Result<SandboxId, HostError>;
+    /// The runtime's streaming (exec, attach, port-forward) and in-container command API.
+    fn streaming(&self) -> &dyn StreamingRuntime;
+}
+
+/// A pod as a request names it: namespace, name and, optionally, the UID of one instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodRef<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: Option<&'a str>,
+}
+
+/// A container found for a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundContainer {
+    pub id: ContainerId,
+    pub running: bool,
+}
+
+/// Why the host could not answer; `NotFound` becomes a 404, `Unavailable` a 503.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// One named health check and its current result.
