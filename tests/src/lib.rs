@@ -173,6 +173,49 @@ pub fn wait_for<T>(
     }
 }
 
+/// The test client's identity for the kubelet API: a CA the agent trusts (`--client-ca-file`) and a
+/// client certificate it signed for user `e2e-admin` in group `system:masters`.
+pub struct ClientIdentity;
+
+impl ClientIdentity {
+    /// The CA certificate to give the agent as `--client-ca-file`.
+    pub fn ca_file(dir: &Path) -> PathBuf {
+        dir.join("client-ca.crt")
+    }
+
+    /// (certificate, key) of the client.
+    pub fn paths(dir: &Path) -> (PathBuf, PathBuf) {
+        (dir.join("client.crt"), dir.join("client.key"))
+    }
+
+    /// Writes the CA and the client certificate and key into `dir`.
+    pub fn write(dir: &Path) -> Result<()> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "ringlet-e2e-client-ca");
+        let ca = ca_params.self_signed(&ca_key)?;
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let client_key = KeyPair::generate()?;
+        let mut client_params = CertificateParams::new(Vec::<String>::new())?;
+        client_params
+            .distinguished_name
+            .push(DnType::CommonName, "e2e-admin");
+        client_params
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
+        let client = client_params.signed_by(&client_key, &issuer)?;
+        fs::write(Self::ca_file(dir), ca.pem())?;
+        let (cert, key) = Self::paths(dir);
+        fs::write(cert, client.pem())?;
+        fs::write(key, client_key.serialize_pem())?;
+        Ok(())
+    }
+}
+
 /// Settings for one agent under test.
 #[derive(Default)]
 pub struct AgentOptions {
@@ -189,6 +232,8 @@ pub struct Agent {
     pub node: String,
     pub read_only_port: u16,
     pub healthz_port: u16,
+    /// The kubelet API (HTTPS) port.
+    pub api_port: u16,
     options_args: Vec<String>,
     wrapper: Vec<String>,
 }
@@ -236,9 +281,11 @@ impl Agent {
             node,
             read_only_port: free_port()?,
             healthz_port: free_port()?,
+            api_port: free_port()?,
             options_args: args,
             wrapper: wrapper.iter().map(|&w| w.to_owned()).collect(),
         };
+        ClientIdentity::write(agent.dir.path())?;
         agent.spawn()?;
         Ok(agent)
     }
@@ -268,6 +315,12 @@ impl Agent {
                 &self.read_only_port.to_string(),
                 "--healthz-port",
                 &self.healthz_port.to_string(),
+                "--port",
+                &self.api_port.to_string(),
+                "--address",
+                "127.0.0.1",
+                "--client-ca-file",
+                &ClientIdentity::ca_file(self.dir.path()).display().to_string(),
                 "--container-runtime-endpoint",
                 &format!("unix://{CONTAINERD_SOCKET}"),
                 "--events-socket",
@@ -283,6 +336,50 @@ impl Agent {
             http_get(self.healthz_port, "/healthz").ok()
         })?;
         Ok(())
+    }
+
+    /// One request to the kubelet API over TLS with `curl`, trusting the agent's generated serving
+    /// certificate; `as_client` presents the test's client certificate (user `e2e-admin`).
+    /// Returns (status code, body).
+    pub fn api_request(&self, method: &str, path: &str, as_client: bool) -> Result<(u16, String)> {
+        let mut command = self.curl(as_client);
+        command.args(["-X", method, "-w", "\n%{http_code}"]);
+        command.arg(format!("https://127.0.0.1:{}{path}", self.api_port));
+        let out = command.output().context("cannot run curl")?;
+        if !out.status.success() {
+            bail!(
+                "curl {path} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (body, code) = text
+            .rsplit_once('\n')
+            .ok_or_else(|| anyhow!("no status line from curl"))?;
+        Ok((code.trim().parse()?, body.to_owned()))
+    }
+
+    /// `GET path` on the kubelet API as the test's client.
+    pub fn api_get(&self, path: &str) -> Result<(u16, String)> {
+        self.api_request("GET", path, true)
+    }
+
+    /// A `curl` command set up for the agent's kubelet API (`--path-as-is`, so tests can send
+    /// paths curl would otherwise normalise).
+    pub fn curl(&self, as_client: bool) -> Command {
+        let mut command = Command::new("curl");
+        command.args(["-sS", "--path-as-is", "--max-time", "30", "--cacert"]);
+        command.arg(self.serving_cert());
+        if as_client {
+            let identity = ClientIdentity::paths(self.dir.path());
+            command.arg("--cert").arg(identity.0).arg("--key").arg(identity.1);
+        }
+        command
+    }
+
+    /// The serving certificate the agent generated (it trusts itself: self-signed).
+    pub fn serving_cert(&self) -> PathBuf {
+        self.root_dir().join("pki").join("kubelet.crt")
     }
 
     /// The agent's log so far (for assertion messages).

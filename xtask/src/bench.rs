@@ -118,6 +118,7 @@ fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Met
             .arg(&root_dir)
             .args(["--read-only-port", &port.to_string()])
             .args(["--healthz-port", &free_port()?.to_string()])
+            .args(["--port", &free_port()?.to_string()])
             .args(["--hostname-override", "ringlet-bench"])
             .args(&args.ringlet_args),
         log,

@@ -396,9 +396,42 @@ pub fn cleanup(manifests: &Path, namespace: &str) -> Result<()> {
     }
 }
 
+/// utime + stime of `pid`, in seconds.
+pub fn process_cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at field 3 (state).
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("no command name in /proc/<pid>/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| -> Result<f64> {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse::<f64>().ok())
+            .with_context(|| format!("field {n} of /proc/{pid}/stat"))
+    };
+    Ok((field(14)? + field(15)?) / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf takes a plain integer and touches no memory of ours.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    #[allow(clippy::cast_precision_loss)]
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_seconds_skip_a_command_name_with_spaces() {
+        let pid = std::process::id();
+        assert!(process_cpu_seconds(pid).unwrap() >= 0.0);
+        assert!(process_cpu_seconds(u32::MAX).is_err());
+    }
 
     #[test]
     fn percentile_uses_nearest_rank() {

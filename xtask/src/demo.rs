@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use crate::{cargo, cmd, lab, workspace_root};
 
 const READ_ONLY_PORT: u16 = 10255;
+const API_PORT: u16 = 10250;
 
 pub fn run() -> Result<()> {
     lab::up()?;
@@ -22,6 +23,12 @@ pub fn run() -> Result<()> {
     fs::create_dir_all(&manifests).with_context(|| format!("creating {}", manifests.display()))?;
     fs::create_dir_all(&root_dir).with_context(|| format!("creating {}", root_dir.display()))?;
     copy_example_pods(&root.join("deploy/examples/pods"), &manifests)?;
+    // A client CA the agent trusts and an admin certificate it signed, so the kubelet API can be
+    // tried with curl.
+    ringlet_tests::ClientIdentity::write(&demo_dir)?;
+    let client_ca = ringlet_tests::ClientIdentity::ca_file(&demo_dir);
+    let (client_cert, client_key) = ringlet_tests::ClientIdentity::paths(&demo_dir);
+    let serving_cert = root_dir.join("pki/kubelet.crt");
 
     let mut agent = Command::new(root.join("target/debug/ringlet"));
     let config = root.join("deploy/examples/kubelet-config.yaml");
@@ -40,12 +47,22 @@ pub fn run() -> Result<()> {
         .arg(&root_dir)
         .arg("--read-only-port")
         .arg(READ_ONLY_PORT.to_string())
+        .arg("--client-ca-file")
+        .arg(&client_ca)
         .args(["--hostname-override", "ringlet-demo"]);
+    let api_curl = format!(
+        "curl --cacert {} --cert {} --key {} https://127.0.0.1:{API_PORT}",
+        serving_cert.display(),
+        client_cert.display(),
+        client_key.display()
+    );
 
     println!(
         "\nringlet is starting on the pods in {}. Look at it with:\n  \
          curl -s localhost:{READ_ONLY_PORT}/pods\n  \
          curl localhost:10248/healthz\n  \
+         {api_curl}/pods   (the kubelet API over TLS; also /stats/summary, /configz,\n    \
+         /metrics/resource, /containerLogs/default/env-ringlet-demo/main, /runningpods/)\n  \
          ctr -n k8s.io containers ls\n  \
          curl localhost:18080   (the web pod's hostPort)\n\
          Add, edit or remove manifests in that directory while it runs. Ctrl-C stops ringlet \

@@ -35,6 +35,8 @@ const PACKAGES: &[&str] = &[
     "bpftool",
     "gcc",
     "libc6-dev",
+    "curl",
+    "prometheus",
 ];
 const CNI_CONFLIST: &str = "/etc/cni/net.d/10-ringlet-lab.conflist";
 const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);

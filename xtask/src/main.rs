@@ -9,6 +9,7 @@ mod http;
 mod lab;
 mod oci;
 mod pleg_bench;
+mod server_bench;
 mod test;
 
 use std::path::PathBuf;
@@ -57,6 +58,8 @@ enum Bench {
     Startup(bench::StartupArgs),
     /// eBPF PLEG vs relist PLEG: exit latency, idle CPU, and a synthetic high-density churn.
     Pleg(pleg_bench::PlegArgs),
+    /// The kubelet API over TLS: requests/s and latency of /pods and /healthz under keep-alive load.
+    Server(server_bench::ServerArgs),
 }
 
 fn main() -> Result<()> {
@@ -71,6 +74,7 @@ fn main() -> Result<()> {
         Command::Bench { bench } => match bench {
             Bench::Startup(args) => bench::startup(&args),
             Bench::Pleg(args) => pleg_bench::pleg(&args),
+            Bench::Server(args) => server_bench::server(&args),
         },
     }
 }

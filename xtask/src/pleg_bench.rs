@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::benchkit::{
     self, Agent, cleanup, free_port, fresh_run_dir, git_commit, now_utc, percentile,
-    runtime_containers, sleep_pod_manifest, time_exits, wait_all_running,
+    process_cpu_seconds, runtime_containers, sleep_pod_manifest, time_exits, wait_all_running,
 };
 use crate::{cargo, cmd, http, lab, workspace_root};
 
@@ -211,6 +211,7 @@ fn run_mode(
             .arg(&root_dir)
             .args(["--read-only-port", &port.to_string()])
             .args(["--healthz-port", &free_port()?.to_string()])
+            .args(["--port", &free_port()?.to_string()])
             .args(["--hostname-override", NODE])
             .args(["--pleg-mode", mode])
             .arg("--events-socket")
@@ -251,12 +252,12 @@ fn measure_mode(
         );
         std::thread::sleep(Duration::from_secs(args.settle));
         agent.exited()?;
-        let before = cpu_ticks(agent.pid())?;
+        let before = process_cpu_seconds(agent.pid())?;
         std::thread::sleep(Duration::from_secs(args.window));
         agent.exited()?;
-        let used = cpu_ticks(agent.pid())? - before;
+        let used = process_cpu_seconds(agent.pid())? - before;
         #[allow(clippy::cast_precision_loss)]
-        let per_minute = used / clock_ticks() * 60.0 / args.window as f64;
+        let per_minute = used * 60.0 / args.window as f64;
         println!("idle CPU with {pods} pods: {per_minute:.3} CPU-s/min");
         idle.push(IdleCpu {
             mode: mode.into(),
@@ -325,31 +326,6 @@ fn metric(
     }
 }
 
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at field 3 (state).
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("no command name in /proc/<pid>/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| -> Result<f64> {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse::<f64>().ok())
-            .with_context(|| format!("field {n} of /proc/{pid}/stat"))
-    };
-    Ok(field(14)? + field(15)?)
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf takes a plain integer and touches no memory of ours.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    #[allow(clippy::cast_precision_loss)]
-    if ticks > 0 { ticks as f64 } else { 100.0 }
-}
 
 /// A Prometheus histogram read from the text format: cumulative counts per upper bound.
 #[derive(Debug, Default, PartialEq)]
@@ -730,10 +706,4 @@ ringlet_pleg_event_latency_seconds_count 10
         assert!(delta.quantile(0.99).is_infinite());
     }
 
-    #[test]
-    fn cpu_ticks_skip_a_command_name_with_spaces() {
-        let pid = std::process::id();
-        assert!(cpu_ticks(pid).unwrap() >= 0.0);
-        assert!(cpu_ticks(u32::MAX).is_err());
     }
-}

@@ -1,18 +1,23 @@
 //! What the HTTP servers see of the kubelet (the kubelet's `HostInterface` for `pkg/kubelet/server`),
 //! and what the CRI runtime manager asks of it (`RuntimeHelper`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::cm::PodContainerManager;
-use crate::container::PodUid;
+use crate::container::{
+    ContainerState, PodStatus, PodUid, Runtime, SandboxId, SandboxState, StreamingRuntime,
+};
 use crate::kuberuntime::RuntimeHelper;
 use crate::metrics::Metrics;
 use crate::pleg::PlegHandle;
-use crate::server::{HealthCheck, ServerHost};
+use crate::server::{FoundContainer, HealthCheck, HostError, PodRef, ServerHost};
+use crate::stats::{StatsProvider, Summary};
 use crate::status::StatusManager;
 
 use super::{PodManager, RuntimeState, pod_uid};
@@ -30,6 +35,17 @@ pub fn pods_with_status(pods: &PodManager, status: &StatusManager) -> Vec<Pod> {
         .collect()
 }
 
+/// What the kubelet API serves beyond the core's own state, assembled by `main`.
+pub struct ApiParts {
+    /// The runtime's exec/attach/port-forward/log API.
+    pub streaming: Arc<dyn StreamingRuntime>,
+    pub stats: StatsProvider,
+    /// The `/configz` body.
+    pub configz: serde_json::Value,
+    /// Served under `/logs/` (the kubelet's `/var/log`).
+    pub node_log_dir: PathBuf,
+}
+
 pub struct KubeletServerHost {
     pub pods: PodManager,
     pub status: StatusManager,
@@ -37,8 +53,44 @@ pub struct KubeletServerHost {
     pub pleg: PlegHandle,
     pub sync_loop_threshold: Duration,
     pub metrics: Metrics,
+    pub runtime: Arc<dyn Runtime>,
+    pub pod_cgroups: Arc<PodContainerManager>,
+    pub api: ApiParts,
 }
 
+impl KubeletServerHost {
+    /// The desired pod a request names, checked against the UID when the path carries one.
+    fn desired_pod(&self, pod: &PodRef<'_>) -> Result<Pod, HostError> {
+        self.pods
+            .pods()
+            .into_iter()
+            .find(|candidate| {
+                candidate.metadata.namespace.as_deref() == Some(pod.namespace)
+                    && candidate.metadata.name.as_deref() == Some(pod.name)
+                    && pod
+                        .uid
+                        .is_none_or(|uid| candidate.metadata.uid.as_deref() == Some(uid))
+            })
+            .ok_or_else(|| {
+                HostError::NotFound(format!(
+                    "pod {}/{} does not exist on this node",
+                    pod.namespace, pod.name
+                ))
+            })
+    }
+
+    async fn runtime_status(&self, pod: &PodRef<'_>) -> Result<PodStatus, HostError> {
+        let desired = self.desired_pod(pod)?;
+        let uid = pod_uid(&desired)
+            .ok_or_else(|| HostError::NotFound(format!("pod {}/{} has no UID", pod.namespace, pod.name)))?;
+        self.runtime
+            .get_pod_status(&uid, pod.name, pod.namespace)
+            .await
+            .map_err(|error| HostError::Unavailable(format!("reading the pod's status: {error}")))
+    }
+}
+
+#[async_trait]
 impl ServerHost for KubeletServerHost {
     fn pods(&self) -> Vec<Pod> {
         pods_with_status(&self.pods, &self.status)
@@ -68,6 +120,110 @@ impl ServerHost for KubeletServerHost {
 
     fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    fn configz(&self) -> serde_json::Value {
+        self.api.configz.clone()
+    }
+
+    fn node_log_dir(&self) -> &Path {
+        &self.api.node_log_dir
+    }
+
+    fn streaming(&self) -> &dyn StreamingRuntime {
+        self.api.streaming.as_ref()
+    }
+
+    async fn running_pods(&self) -> Result<Vec<Pod>, HostError> {
+        let running = self
+            .runtime
+            .get_pods(false)
+            .await
+            .map_err(|error| HostError::Unavailable(format!("listing running pods: {error}")))?;
+        Ok(running
+            .into_iter()
+            .map(|pod| Pod {
+                metadata: ObjectMeta {
+                    name: Some(pod.name),
+                    namespace: Some(pod.namespace),
+                    uid: Some(pod.uid.as_str().to_owned()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(PodSpec {
+                    containers: pod
+                        .containers
+                        .into_iter()
+                        .map(|container| Container {
+                            name: container.name,
+                            ..Container::default()
+                        })
+                        .collect(),
+                    ..PodSpec::default()
+                }),
+                status: None,
+            })
+            .collect())
+    }
+
+    async fn stats_summary(&self) -> Result<Summary, HostError> {
+        let running = self
+            .runtime
+            .get_pods(false)
+            .await
+            .map_err(|error| HostError::Unavailable(format!("listing running pods: {error}")))?;
+        let inputs = stats_inputs(&self.pods, &self.pod_cgroups, running);
+        let stats = self.api.stats.clone();
+        tokio::task::spawn_blocking(move || stats.summary(&inputs))
+            .await
+            .map_err(|error| HostError::Unavailable(format!("collecting stats: {error}")))
+    }
+
+    async fn container(
+        &self,
+        pod: &PodRef<'_>,
+        container: &str,
+        previous: bool,
+    ) -> Result<FoundContainer, HostError> {
+        let status = self.runtime_status(pod).await?;
+        // The runtime lists a container's instances newest first.
+        let mut instances = status.containers.iter().filter(|c| c.name == container);
+        let chosen = if previous {
+            instances.nth(1)
+        } else {
+            instances.next()
+        };
+        let chosen = chosen.ok_or_else(|| {
+            HostError::NotFound(if previous {
+                format!(
+                    "previous terminated container {container:?} in pod {}/{} not found",
+                    pod.namespace, pod.name
+                )
+            } else {
+                format!(
+                    "container {container:?} is not valid for pod {}/{}",
+                    pod.namespace, pod.name
+                )
+            })
+        })?;
+        Ok(FoundContainer {
+            id: chosen.id.clone(),
+            running: chosen.state == ContainerState::Running,
+        })
+    }
+
+    async fn sandbox(&self, pod: &PodRef<'_>) -> Result<SandboxId, HostError> {
+        let status = self.runtime_status(pod).await?;
+        status
+            .sandboxes
+            .iter()
+            .find(|sandbox| sandbox.state == SandboxState::Ready)
+            .map(|sandbox| sandbox.id.clone())
+            .ok_or_else(|| {
+                HostError::NotFound(format!(
+                    "pod {}/{} has no ready sandbox",
+                    pod.namespace, pod.name
+                ))
+            })
     }
 }
 

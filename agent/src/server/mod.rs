@@ -1,36 +1,45 @@
-//! The agent's HTTP servers (the kubelet's `pkg/kubelet/server` plus its healthz listener): the plain
-//! read-only port (10255, `/pods`, `/metrics` and `/healthz` without auth) and the healthz port
-//! (`healthzBindAddress:healthzPort`, 127.0.0.1:10248 by default). Both serve one socket-agnostic
-//! router over hyper, so the TLS API port can reuse it.
+//! The agent's HTTP servers (the kubelet's `pkg/kubelet/server` plus its healthz listener): the
+//! kubelet API over TLS (10250, authenticated and authorised, every endpoint), the plain read-only
+//! port (10255, `/pods`, `/stats/summary`, `/metrics*` and `/healthz` without auth) and the healthz
+//! port (`healthzBindAddress:healthzPort`, 127.0.0.1:10248 by default). All serve one socket-agnostic
+//! router over hyper.
 //!
 //! The caller binds the sockets (with [`bind`]) so bind errors surface at startup with the address,
-//! then runs [`serve_read_only`] / [`serve_healthz`] until its shutdown future completes.
+//! then runs [`serve_api`] / [`serve_read_only`] / [`serve_healthz`] until its shutdown future
+//! completes.
 
 pub mod auth;
 mod healthz;
 mod listener;
 mod peer;
 mod router;
+mod routes;
 mod tls;
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::net::TcpListener;
 
+use crate::container::{ContainerId, SandboxId, StreamingRuntime};
 use crate::metrics::Metrics;
+use crate::stats::Summary;
 
 pub use listener::ServeLimits;
 pub use peer::PeerCertificates;
-use router::{Endpoints, Router};
+use router::Router;
+use routes::Endpoints;
 pub use tls::{ServingTls, TlsError, TlsSettings};
 
 /// What the servers need from the kubelet (the kubelet's `HostInterface`, reduced to what is served).
-/// Both methods are called on request, so they should answer from in-memory state.
+/// The synchronous methods answer from in-memory state; the async ones may ask the runtime.
+#[async_trait]
 pub trait ServerHost: Send + Sync + 'static {
     /// The pods this node manages, with their status filled in. Called on a blocking-pool thread.
     fn pods(&self) -> Vec<Pod>;
@@ -38,6 +47,49 @@ pub trait ServerHost: Send + Sync + 'static {
     fn health_checks(&self) -> Vec<HealthCheck>;
     /// The metrics served on `/metrics`.
     fn metrics(&self) -> &Metrics;
+    /// The configuration in effect, as `/configz` serves it.
+    fn configz(&self) -> serde_json::Value;
+    /// The node's log directory served under `/logs/` (the kubelet's `/var/log`).
+    fn node_log_dir(&self) -> &Path;
+    /// Pods as the runtime sees them (`/runningpods/`): only what the runtime knows, no spec.
+    async fn running_pods(&self) -> Result<Vec<Pod>, HostError>;
+    /// The Summary API (`/stats/summary`) for the node and its running pods.
+    async fn stats_summary(&self) -> Result<Summary, HostError>;
+    /// The container a path names: the newest instance, or with `previous` the one before it.
+    async fn container(
+        &self,
+        pod: &PodRef<'_>,
+        container: &str,
+        previous: bool,
+    ) -> Result<FoundContainer, HostError>;
+    /// The ready sandbox of a pod (for port forwarding).
+    async fn sandbox(&self, pod: &PodRef<'_>) -> Result<SandboxId, HostError>;
+    /// The runtime's streaming (exec, attach, port-forward) and in-container command API.
+    fn streaming(&self) -> &dyn StreamingRuntime;
+}
+
+/// A pod as a request names it: namespace, name and, optionally, the UID of one instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodRef<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: Option<&'a str>,
+}
+
+/// A container found for a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundContainer {
+    pub id: ContainerId,
+    pub running: bool,
+}
+
+/// Why the host could not answer; `NotFound` becomes a 404, `Unavailable` a 503.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// One named health check and its current result.
@@ -112,23 +164,26 @@ pub async fn serve_healthz(
     .await
 }
 
-/// Serves the kubelet API over TLS (port 10250) on `listener` until `shutdown` completes, like
-/// [`serve_read_only`]; certificate and client-CA file changes are picked up while it runs.
-pub async fn serve_tls(
+/// How the kubelet API (port 10250) serves: TLS, who may call it, and whether the debugging
+/// handlers (logs, exec, attach, port-forward, run) are on.
+pub struct ApiServing {
+    pub tls: ServingTls,
+    pub auth: auth::KubeletAuth,
+    pub debugging_handlers: bool,
+    pub limits: ServeLimits,
+}
+
+/// Serves the kubelet API over TLS on `listener` until `shutdown` completes, like
+/// [`serve_read_only`]: every request is authenticated and authorised first; certificate and
+/// client-CA file changes are picked up while it runs.
+pub async fn serve_api(
     listener: TcpListener,
-    tls: ServingTls,
+    serving: ApiServing,
     host: Arc<dyn ServerHost>,
-    limits: ServeLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    listener::serve_tls(
-        listener,
-        tls,
-        Router::new(host, Endpoints::ReadOnly),
-        limits,
-        shutdown,
-    )
-    .await
+    let router = Router::api(host, serving.debugging_handlers, serving.auth);
+    listener::serve_tls(listener, serving.tls, router, serving.limits, shutdown).await
 }
 
 #[cfg(test)]

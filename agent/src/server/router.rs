@@ -1,23 +1,32 @@
 //! The request router shared by every listener (the kubelet's `Server.ServeHTTP` over its restful
-//! container): it maps a request to a response and knows nothing about sockets, so the same router
-//! can sit behind the plain read-only port, the healthz port and, later, the TLS API port.
+//! container): authenticates and authorises requests on the API port, resolves the path with
+//! [`routes`](super::routes) and answers from what the host reports. It knows nothing about sockets,
+//! so the same router sits behind the TLS API port, the plain read-only port and the healthz port.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures::TryStreamExt;
 use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use k8s_openapi::List;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
-use super::ServerHost;
+use super::auth::KubeletAuth;
 use super::healthz::{self, RootQuery};
+use super::routes::{ContainerPath, Endpoints, PodPath, Resolved, Route, StreamKind};
+use super::{HostError, PodRef, ServerHost, node_logs, streaming};
+use crate::container::RuntimeError;
+use crate::kuberuntime::logs::{self, LogOptions};
+use crate::stats;
 
 /// Every response body: whole buffers for most routes, streams for followed logs and upgrades.
 pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
@@ -31,93 +40,119 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 const APPLICATION_JSON: &str = "application/json";
-/// Every route is read-only.
-const ALLOWED_METHODS: &str = "GET, HEAD";
-
-/// Which group of routes a listener exposes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Endpoints {
-    /// The read-only port (10255): the kubelet's default handlers without auth.
-    ReadOnly,
-    /// The healthz port (10248): `/healthz` and its per-check subpaths only.
-    HealthzOnly,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Route<'a> {
-    Pods,
-    Metrics,
-    Healthz,
-    HealthzCheck(&'a str),
-}
-
-impl Endpoints {
-    fn route(self, path: &str) -> Option<Route<'_>> {
-        match (self, path) {
-            (_, "/healthz") => Some(Route::Healthz),
-            (Self::ReadOnly, "/pods") => Some(Route::Pods),
-            (Self::ReadOnly, "/metrics") => Some(Route::Metrics),
-            (_, _) => path
-                .strip_prefix("/healthz/")
-                .filter(|name| !name.is_empty() && !name.contains('/'))
-                .map(Route::HealthzCheck),
-        }
-    }
-}
+/// How long `/run` waits for its command.
+const RUN_TIMEOUT: Duration = Duration::from_mins(1);
+/// `/metrics/probes`: ringlet runs no probes yet, so the family is declared without samples.
+const PROBE_METRICS: &str = "# HELP prober_probe_total Cumulative number of a liveness, \
+readiness or startup probe for a container by result.\n# TYPE prober_probe_total counter\n";
 
 /// Answers requests for one listener from what the host reports.
 #[derive(Clone)]
 pub(crate) struct Router {
     host: Arc<dyn ServerHost>,
     endpoints: Endpoints,
+    /// Present on the kubelet API port: every request is authenticated and authorised first.
+    auth: Option<KubeletAuth>,
 }
 
 impl Router {
+    /// A router without authentication (the read-only and healthz ports).
     pub(crate) fn new(host: Arc<dyn ServerHost>, endpoints: Endpoints) -> Self {
-        Self { host, endpoints }
+        Self {
+            host,
+            endpoints,
+            auth: None,
+        }
     }
 
-    pub(crate) async fn handle<B>(&self, request: Request<B>) -> Response<Body> {
-        let Some(route) = self.endpoints.route(request.uri().path()) else {
-            return text(StatusCode::NOT_FOUND, "404 page not found\n".to_owned());
+    /// The kubelet API's router: authenticated, authorised, debugging handlers as configured.
+    pub(crate) fn api(host: Arc<dyn ServerHost>, debugging: bool, auth: KubeletAuth) -> Self {
+        Self {
+            host,
+            endpoints: Endpoints::Api { debugging },
+            auth: Some(auth),
+        }
+    }
+
+    pub(crate) async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        // The kubelet filters every request through authn/authz before routing, so an unknown
+        // path tells an unauthenticated client nothing.
+        if let Some(auth) = &self.auth
+            && let Err(denial) = auth.check(&request).await
+        {
+            return text(denial.status, format!("{}\n", denial.message));
+        }
+        let path = request.uri().path().to_owned();
+        let route = match self.endpoints.resolve(&path) {
+            Resolved::Route(route) => route,
+            Resolved::DebuggingDisabled => {
+                return text(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "Debug endpoints are disabled.\n".to_owned(),
+                );
+            }
+            Resolved::NotFound => return not_found(),
         };
-        if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        if !route.allows(request.method()) {
             let mut response = text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "405 method not allowed\n".to_owned(),
             );
             response
                 .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+                .insert(ALLOW, HeaderValue::from_static(route.allowed_methods()));
             return response;
         }
+        let query = request.uri().query().map(str::to_owned);
+        let query = query.as_deref();
         match route {
             Route::Pods => self.pods().await,
             Route::Metrics => match self.host.metrics().render() {
-                Ok(body) => {
-                    let mut response = Response::new(full(body));
-                    response.headers_mut().insert(
-                        CONTENT_TYPE,
-                        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
-                    );
-                    response
-                }
+                Ok(body) => prometheus_text(body),
                 Err(error) => {
                     tracing::error!(%error, "rendering metrics");
                     text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"))
                 }
             },
+            Route::MetricsResource => match self.host.stats_summary().await {
+                Ok(summary) => prometheus_text(stats::render_resource_metrics(&summary)),
+                Err(error) => host_error(&error),
+            },
+            Route::MetricsProbes => prometheus_text(PROBE_METRICS.to_owned()),
+            Route::StatsSummary => match self.host.stats_summary().await {
+                Ok(summary) => json(&summary),
+                Err(error) => host_error(&error),
+            },
+            Route::Configz => json(&self.host.configz()),
+            Route::RunningPods => match self.host.running_pods().await {
+                Ok(pods) => json(&List {
+                    items: pods,
+                    metadata: ListMeta::default(),
+                }),
+                Err(error) => host_error(&error),
+            },
             Route::Healthz => {
-                let query = RootQuery::parse(request.uri().query());
+                let query = RootQuery::parse(query);
                 let rendered = healthz::render_root(&self.host.health_checks(), &query);
                 text(rendered.status, rendered.body)
             }
             Route::HealthzCheck(name) => {
                 match healthz::render_one(&self.host.health_checks(), name) {
                     Some(rendered) => text(rendered.status, rendered.body),
-                    None => text(StatusCode::NOT_FOUND, "404 page not found\n".to_owned()),
+                    None => not_found(),
                 }
             }
+            Route::ContainerLogs(target) => self.container_logs(&target, query).await,
+            Route::NodeLogs(rest) => node_logs::serve(self.host.node_log_dir(), rest).await,
+            Route::Stream(kind, target) => {
+                let target = OwnedContainer::from(&target);
+                self.stream(kind, &target, request).await
+            }
+            Route::PortForward(pod) => {
+                let pod = OwnedPod::from(&pod);
+                self.port_forward(&pod, request).await
+            }
+            Route::Run(target) => self.run(&target, query).await,
         }
     }
 
@@ -135,13 +170,7 @@ impl Router {
         })
         .await;
         match encoded {
-            Ok(Ok(json)) => {
-                let mut response = Response::new(full(json));
-                response
-                    .headers_mut()
-                    .insert(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON));
-                response
-            }
+            Ok(Ok(json)) => json_bytes(json),
             Ok(Err(error)) => {
                 tracing::error!(%error, "encoding the pod list");
                 text(
@@ -158,59 +187,279 @@ impl Router {
             }
         }
     }
+
+    /// `/containerLogs/{ns}/{pod}/{container}`: the CRI log file of the container (or of its
+    /// previous instance), optionally followed while the container runs.
+    async fn container_logs(
+        &self,
+        target: &ContainerPath<'_>,
+        query: Option<&str>,
+    ) -> Response<Body> {
+        let options = match LogOptions::from_query(query, SystemTime::now()) {
+            Ok(options) => options,
+            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+        };
+        let found = match self
+            .host
+            .container(&pod_ref(&target.pod), target.container, options.previous)
+            .await
+        {
+            Ok(found) => found,
+            Err(error) => return host_error(&error),
+        };
+        let path = match self.host.streaming().container_log_path(&found.id).await {
+            Ok(path) => path,
+            Err(error) => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    format!("no log file for container {:?}: {error}\n", target.container),
+                );
+            }
+        };
+        let host = Arc::clone(&self.host);
+        let pod = OwnedPod::from(&target.pod);
+        let container = target.container.to_owned();
+        let id = found.id.clone();
+        let still_running = move || {
+            let host = Arc::clone(&host);
+            let pod = pod.clone();
+            let container = container.clone();
+            let id = id.clone();
+            async move {
+                host.container(&pod.as_ref(), &container, false)
+                    .await
+                    .is_ok_and(|now| now.id == id && now.running)
+            }
+        };
+        let stream = logs::read_logs(path, options, found.running, still_running);
+        let mut response = Response::new(BodyExt::boxed(StreamBody::new(
+            stream.map_ok(Frame::data),
+        )));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
+        response
+    }
+
+    /// `/exec` and `/attach`: asks the runtime for a streaming URL and proxies the (upgrading)
+    /// request to it, as the kubelet does since streaming redirects were removed.
+    async fn stream(
+        &self,
+        kind: StreamKind,
+        target: &OwnedContainer,
+        request: Request<Incoming>,
+    ) -> Response<Body> {
+        let options = match streaming::exec_request_from_query(request.uri().query()) {
+            Ok(options) => options,
+            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+        };
+        let found = match self
+            .host
+            .container(&target.pod.as_ref(), &target.container, false)
+            .await
+        {
+            Ok(found) if found.running => found,
+            Ok(_) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("container {:?} is not running\n", target.container),
+                );
+            }
+            Err(error) => return host_error(&error),
+        };
+        let runtime = self.host.streaming();
+        let url = match kind {
+            StreamKind::Exec => runtime.get_exec(&found.id, options).await,
+            StreamKind::Attach => runtime.get_attach(&found.id, options).await,
+        };
+        match url {
+            Ok(url) => streaming::proxy_to_runtime(request, &url).await,
+            Err(error) => runtime_error(&error),
+        }
+    }
+
+    /// `/portForward/{ns}/{pod}`: the runtime's port-forward stream for the pod's sandbox.
+    async fn port_forward(&self, pod: &OwnedPod, request: Request<Incoming>) -> Response<Body> {
+        let ports = match streaming::ports_from_query(request.uri().query()) {
+            Ok(ports) => ports,
+            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+        };
+        let sandbox = match self.host.sandbox(&pod.as_ref()).await {
+            Ok(sandbox) => sandbox,
+            Err(error) => return host_error(&error),
+        };
+        match self
+            .host
+            .streaming()
+            .get_port_forward(&sandbox, ports)
+            .await
+        {
+            Ok(url) => streaming::proxy_to_runtime(request, &url).await,
+            Err(error) => runtime_error(&error),
+        }
+    }
+
+    /// `/run/{ns}/{pod}/{container}?cmd=…`: runs the space-separated command in the container and
+    /// answers with its output, as the kubelet's `handleRun` does.
+    async fn run(&self, target: &ContainerPath<'_>, query: Option<&str>) -> Response<Body> {
+        let command: Vec<String> = query_values(query, "cmd")
+            .flat_map(|cmd| {
+                cmd.split(' ')
+                    .filter(|word| !word.is_empty())
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if command.is_empty() {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "missing the command: add ?cmd=<command>\n".to_owned(),
+            );
+        }
+        let found = match self
+            .host
+            .container(&pod_ref(&target.pod), target.container, false)
+            .await
+        {
+            Ok(found) => found,
+            Err(error) => return host_error(&error),
+        };
+        match self
+            .host
+            .streaming()
+            .run_in_container(&found.id, command, RUN_TIMEOUT)
+            .await
+        {
+            Ok(output) => json_bytes(output),
+            Err(error) => runtime_error(&error),
+        }
+    }
 }
 
-impl<B: Send + 'static> hyper::service::Service<Request<B>> for Router {
+impl hyper::service::Service<Request<Incoming>> for Router {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
-    fn call(&self, request: Request<B>) -> Self::Future {
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
         let router = self.clone();
         Box::pin(async move { Ok(router.handle(request).await) })
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Body> {
+/// A pod path's parts, owned, for handlers that outlive the request's path.
+#[derive(Clone, Debug)]
+struct OwnedPod {
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+}
+
+impl OwnedPod {
+    fn as_ref(&self) -> PodRef<'_> {
+        PodRef {
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: self.uid.as_deref(),
+        }
+    }
+}
+
+impl From<&PodPath<'_>> for OwnedPod {
+    fn from(pod: &PodPath<'_>) -> Self {
+        Self {
+            namespace: pod.namespace.to_owned(),
+            name: pod.name.to_owned(),
+            uid: pod.uid.map(str::to_owned),
+        }
+    }
+}
+
+struct OwnedContainer {
+    pod: OwnedPod,
+    container: String,
+}
+
+impl From<&ContainerPath<'_>> for OwnedContainer {
+    fn from(target: &ContainerPath<'_>) -> Self {
+        Self {
+            pod: OwnedPod::from(&target.pod),
+            container: target.container.to_owned(),
+        }
+    }
+}
+
+fn pod_ref<'a>(pod: &PodPath<'a>) -> PodRef<'a> {
+    PodRef {
+        namespace: pod.namespace,
+        name: pod.name,
+        uid: pod.uid,
+    }
+}
+
+/// Every value of `key` in a query string, percent-decoded.
+fn query_values<'a>(query: Option<&'a str>, key: &'a str) -> impl Iterator<Item = String> + 'a {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .filter(move |(name, _)| name == key)
+        .map(|(_, value)| value.into_owned())
+}
+
+fn not_found() -> Response<Body> {
+    text(StatusCode::NOT_FOUND, "404 page not found\n".to_owned())
+}
+
+fn host_error(error: &HostError) -> Response<Body> {
+    match error {
+        HostError::NotFound(message) => text(StatusCode::NOT_FOUND, format!("{message}\n")),
+        HostError::Unavailable(message) => {
+            text(StatusCode::SERVICE_UNAVAILABLE, format!("{message}\n"))
+        }
+    }
+}
+
+fn runtime_error(error: &RuntimeError) -> Response<Body> {
+    tracing::warn!(%error, "container runtime call for a debugging endpoint failed");
+    text(
+        StatusCode::BAD_GATEWAY,
+        format!("container runtime: {error}\n"),
+    )
+}
+
+fn json(value: &impl serde::Serialize) -> Response<Body> {
+    match serde_json::to_vec(value) {
+        Ok(body) => json_bytes(body),
+        Err(error) => {
+            tracing::error!(%error, "encoding a response");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("encoding the response: {error}\n"),
+            )
+        }
+    }
+}
+
+fn json_bytes(body: Vec<u8>) -> Response<Body> {
+    let mut response = Response::new(full(body));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(APPLICATION_JSON));
+    response
+}
+
+fn prometheus_text(body: String) -> Response<Body> {
+    let mut response = Response::new(full(body));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+    );
+    response
+}
+
+pub(crate) fn text(status: StatusCode, body: String) -> Response<Body> {
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
     headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn healthz_listener_has_no_pods_route() {
-        assert_eq!(Endpoints::HealthzOnly.route("/pods"), None);
-        assert_eq!(Endpoints::HealthzOnly.route("/metrics"), None);
-        assert_eq!(Endpoints::ReadOnly.route("/pods"), Some(Route::Pods));
-        assert_eq!(Endpoints::ReadOnly.route("/metrics"), Some(Route::Metrics));
-        assert_eq!(
-            Endpoints::HealthzOnly.route("/healthz/pleg"),
-            Some(Route::HealthzCheck("pleg"))
-        );
-        assert_eq!(
-            Endpoints::HealthzOnly.route("/healthz"),
-            Some(Route::Healthz)
-        );
-    }
-
-    #[test]
-    fn near_misses_are_not_routes() {
-        for path in [
-            "/healthz/",
-            "/healthz/a/b",
-            "/pods/",
-            "/podsx",
-            "/",
-            "/healthzx",
-        ] {
-            assert_eq!(Endpoints::ReadOnly.route(path), None, "{path}");
-        }
-    }
 }

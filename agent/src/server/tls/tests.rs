@@ -33,7 +33,8 @@ use tokio_rustls::TlsConnector;
 use super::*;
 use crate::metrics::Metrics;
 use crate::server::listener::{self, Handler, Plain, ServeLimits};
-use crate::server::router::{Endpoints, Router, full};
+use crate::server::router::{Router, full};
+use crate::server::routes::Endpoints;
 use crate::server::{HealthCheck, PeerCertificates, ServerError, ServerHost, bind};
 
 struct FakeHost {
