@@ -8,8 +8,10 @@
 
 mod healthz;
 mod listener;
+pub mod node_logs;
 mod peer;
 mod router;
+pub mod streaming;
 
 use std::future::Future;
 use std::io;

@@ -24,7 +24,9 @@ pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
 
 /// A response body holding one buffer.
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
