@@ -592,3 +592,307 @@ where
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use futures::StreamExt;
+
+    use super::*;
+
+    const T1: &str = "2026-11-22T10:00:01.000000001Z";
+    const T2: &str = "2026-11-22T10:00:02.5Z";
+    const T3: &str = "2026-11-22T11:00:03+01:00";
+
+    fn now() -> Timestamp {
+        "2026-11-22T10:00:10Z".parse().unwrap()
+    }
+
+    fn log_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0.log");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn append(path: &Path, text: &str) {
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+    }
+
+    async fn read_all(path: &Path, options: LogOptions) -> String {
+        let chunks: Vec<io::Result<Bytes>> = read_logs(path.to_owned(), options, || async { true })
+            .collect()
+            .await;
+        let mut text = Vec::new();
+        for chunk in chunks {
+            text.extend_from_slice(&chunk.unwrap());
+        }
+        String::from_utf8(text).unwrap()
+    }
+
+    async fn next_text<S: Stream<Item = io::Result<Bytes>> + Unpin>(stream: &mut S) -> String {
+        String::from_utf8(stream.next().await.unwrap().unwrap().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn lines_parse_into_time_stream_tag_and_content() {
+        let line = parse_line(b"2026-11-22T10:00:01.000000001Z stdout F hello world").unwrap();
+        assert_eq!(line.stamp, b"2026-11-22T10:00:01.000000001Z");
+        assert_eq!(line.time, T1.parse::<Timestamp>().unwrap());
+        assert!(!line.partial);
+        assert_eq!(line.content, b"hello world");
+        let partial = parse_line(b"2026-11-22T10:00:01Z stderr P:x  spaced ").unwrap();
+        assert!(partial.partial);
+        assert_eq!(partial.content, b" spaced ");
+        assert_eq!(parse_line(b"2026-11-22T10:00:01Z stdout F").unwrap().content, b"");
+        for bad in [
+            &b""[..],
+            b"garbage",
+            b"yesterday stdout F x",
+            b"2026-11-22T10:00:01Z stdin F x",
+            b"2026-11-22T10:00:01Z stdout X x",
+            b"2026-11-22T10:00:01Z stdout",
+        ] {
+            assert!(parse_line(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn query_defaults_and_values() {
+        assert_eq!(
+            LogOptions::from_query(None, now()).unwrap(),
+            LogOptions::default()
+        );
+        let options = LogOptions::from_query(
+            Some("follow=true&previous=1&timestamps&tailLines=5&limitBytes=100&sinceSeconds=10&container=app"),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(
+            options,
+            LogOptions {
+                follow: true,
+                previous: true,
+                tail_lines: Some(5),
+                limit_bytes: Some(100),
+                timestamps: true,
+                since: Some("2026-11-22T10:00:00Z".parse().unwrap()),
+            }
+        );
+        let options =
+            LogOptions::from_query(Some("sinceTime=2026-11-22T09%3A00%3A00Z&follow=false"), now())
+                .unwrap();
+        assert_eq!(options.since, Some("2026-11-22T09:00:00Z".parse().unwrap()));
+        assert!(!options.follow);
+        assert_eq!(
+            LogOptions::from_query(Some("tailLines=0"), now())
+                .unwrap()
+                .tail_lines,
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn bad_query_values_name_the_parameter_and_value() {
+        let cases = [
+            ("tailLines=-1", "invalid value \"-1\" for query parameter tailLines: must be at least 0"),
+            ("limitBytes=0", "invalid value \"0\" for query parameter limitBytes: must be at least 1"),
+            ("limitBytes=ten", "invalid value \"ten\" for query parameter limitBytes: expected an integer"),
+            ("sinceSeconds=-5", "invalid value \"-5\" for query parameter sinceSeconds: must be at least 1"),
+            ("follow=yes", "invalid value \"yes\" for query parameter follow: expected true or false"),
+            ("sinceTime=yesterday", "invalid value \"yesterday\" for query parameter sinceTime: expected an RFC 3339 time"),
+            ("sinceSeconds=5&sinceTime=2026-11-22T09:00:00Z", "at most one of the query parameters sinceSeconds and sinceTime may be given"),
+        ];
+        for (query, message) in cases {
+            let err = LogOptions::from_query(Some(query), now()).unwrap_err();
+            assert_eq!(err.to_string(), message, "{query}");
+        }
+    }
+
+    #[tokio::test]
+    async fn partial_lines_are_joined_and_malformed_lines_skipped() {
+        let (_dir, path) = log_file(&format!(
+            "{T1} stdout P hel\n{T1} stdout P lo \nnot a log line\n{T2} stderr F world\n{T3} stdout F next\n"
+        ));
+        assert_eq!(read_all(&path, LogOptions::default()).await, "hello world\nnext\n");
+    }
+
+    #[tokio::test]
+    async fn timestamps_prefix_each_joined_line_with_its_first_fragments_time() {
+        let (_dir, path) = log_file(&format!("{T1} stdout P a\n{T2} stdout F b\n{T3} stdout F c\n"));
+        let options = LogOptions {
+            timestamps: true,
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(&path, options).await, format!("{T1} ab\n{T3} c\n"));
+    }
+
+    #[tokio::test]
+    async fn since_skips_older_lines() {
+        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two\n{T3} stdout F three\n"));
+        let options = LogOptions {
+            since: Some("2026-11-22T10:00:02Z".parse().unwrap()),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(&path, options).await, "two\nthree\n");
+    }
+
+    #[tokio::test]
+    async fn limit_bytes_stops_exactly_at_the_limit() {
+        let text: String = (0..5000).map(|i| format!("{T1} stdout F line {i}\n")).collect();
+        let (_dir, path) = log_file(&text);
+        let full = read_all(&path, LogOptions::default()).await;
+        // Across output chunks, and inside a line.
+        for limit in [1, 7, 40_000, 40_001] {
+            let options = LogOptions {
+                limit_bytes: Some(limit),
+                ..LogOptions::default()
+            };
+            let out = read_all(&path, options).await;
+            assert_eq!(out.len() as u64, limit);
+            assert!(full.starts_with(&out));
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unterminated_last_line_is_shown_when_not_following() {
+        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two"));
+        assert_eq!(read_all(&path, LogOptions::default()).await, "one\ntwo\n");
+    }
+
+    #[test]
+    fn tail_reads_backwards_in_chunks_and_never_splits_a_joined_line() {
+        let mut text = String::new();
+        for i in 0..300 {
+            text.push_str(&format!("{T1} stdout F line {i}\n"));
+        }
+        text.push_str(&format!("{T1} stdout P first half, \n{T1} stdout F second half\n"));
+        text.push_str(&format!("garbage\n{T1} stdout F last\n"));
+        let (_dir, path) = log_file(&text);
+        let file = std::fs::File::open(&path).unwrap();
+        assert!(text.len() > 64 * 10, "the file spans many chunks");
+        for chunk in [1, 7, 64, TAIL_CHUNK] {
+            let start = tail_start(&file, 2, chunk).unwrap();
+            assert_eq!(
+                &text[usize::try_from(start).unwrap()..],
+                format!("{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"),
+                "chunk {chunk}"
+            );
+            let start = tail_start(&file, 0, chunk).unwrap();
+            assert_eq!(start as usize, text.len());
+            assert_eq!(tail_start(&file, 10_000, chunk).unwrap(), 0);
+            assert_eq!(tail_start(&file, 302, chunk).unwrap(), 0);
+            let start = tail_start(&file, 301, chunk).unwrap();
+            assert!(text[usize::try_from(start).unwrap()..].starts_with(&format!("{T1} stdout F line 1\n")));
+        }
+    }
+
+    #[tokio::test]
+    async fn tail_of_a_file_bigger_than_a_read_chunk() {
+        let text: String = (0..20_000).map(|i| format!("{T1} stdout F line {i}\n")).collect();
+        assert!(text.len() > 4 * TAIL_CHUNK);
+        let (_dir, path) = log_file(&text);
+        let options = LogOptions {
+            tail_lines: Some(3),
+            ..LogOptions::default()
+        };
+        assert_eq!(
+            read_all(&path, options).await,
+            "line 19997\nline 19998\nline 19999\n"
+        );
+        let options = LogOptions {
+            tail_lines: Some(0),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(&path, options).await, "");
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_is_one_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0.log");
+        let mut stream = Box::pin(read_logs(path, LogOptions::default(), || async { true }));
+        let err = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("0.log"), "{err}");
+        assert!(stream.next().await.is_none());
+    }
+
+    fn follow_options() -> LogOptions {
+        LogOptions {
+            follow: true,
+            ..LogOptions::default()
+        }
+    }
+
+    /// A liveness predicate the test flips.
+    fn alive_flag() -> (Arc<AtomicBool>, impl FnMut() -> futures::future::Ready<bool> + Send + 'static) {
+        let alive = Arc::new(AtomicBool::new(true));
+        let check = Arc::clone(&alive);
+        (alive, move || futures::future::ready(check.load(Ordering::SeqCst)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn follow_reads_appends_across_rotation_until_the_container_stops() {
+        let (dir, path) = log_file(&format!("{T1} stdout F one\n"));
+        let (alive, still_running) = alive_flag();
+        let mut stream = Box::pin(read_logs(path.clone(), follow_options(), still_running));
+        assert_eq!(next_text(&mut stream).await, "one\n");
+
+        append(&path, &format!("{T1} stdout P tw"));
+        append(&path, &format!("o\n{T2} stdout F !\n"));
+        assert_eq!(next_text(&mut stream).await, "two!\n");
+
+        // What the runtime writes just before rotating is still read from the old file.
+        append(&path, &format!("{T2} stdout F before rotation\n"));
+        std::fs::rename(&path, dir.path().join("0.log.20261122-100003")).unwrap();
+        std::fs::write(&path, format!("{T3} stdout F after rotation\n")).unwrap();
+        assert_eq!(next_text(&mut stream).await, "before rotation\n");
+        assert_eq!(next_text(&mut stream).await, "after rotation\n");
+
+        append(&path, &format!("{T3} stdout F last words\n"));
+        alive.store(false, Ordering::SeqCst);
+        let mut rest = String::new();
+        while let Some(chunk) = stream.next().await {
+            rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+        assert_eq!(rest, "last words\n", "the stream drains the file, then ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn follow_ends_when_the_container_stops_even_without_new_output() {
+        let (_dir, path) = log_file(&format!("{T1} stdout P unfinished\n"));
+        let (alive, still_running) = alive_flag();
+        let mut stream = Box::pin(read_logs(path, follow_options(), still_running));
+        let waiting = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+        assert!(waiting.is_err(), "nothing to show while the container runs");
+        alive.store(false, Ordering::SeqCst);
+        assert_eq!(
+            next_text(&mut stream).await,
+            "unfinished",
+            "a pending fragment is shown once the container stops"
+        );
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn follow_stops_at_the_byte_limit() {
+        let (_dir, path) = log_file(&format!("{T1} stdout F 12345\n"));
+        let (_alive, still_running) = alive_flag();
+        let options = LogOptions {
+            limit_bytes: Some(9),
+            ..follow_options()
+        };
+        let mut stream = Box::pin(read_logs(path.clone(), options, still_running));
+        assert_eq!(next_text(&mut stream).await, "12345\n");
+        append(&path, &format!("{T1} stdout F abcdef\n"));
+        assert_eq!(next_text(&mut stream).await, "abc");
+        assert!(stream.next().await.is_none());
+    }
+}
