@@ -618,10 +618,7 @@ mod tests {
     }
 
     fn append(path: &Path, text: &str) {
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .unwrap();
+        let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
         file.write_all(text.as_bytes()).unwrap();
     }
 
@@ -650,7 +647,12 @@ mod tests {
         let partial = parse_line(b"2026-11-22T10:00:01Z stderr P:x  spaced ").unwrap();
         assert!(partial.partial);
         assert_eq!(partial.content, b" spaced ");
-        assert_eq!(parse_line(b"2026-11-22T10:00:01Z stdout F").unwrap().content, b"");
+        assert_eq!(
+            parse_line(b"2026-11-22T10:00:01Z stdout F")
+                .unwrap()
+                .content,
+            b""
+        );
         for bad in [
             &b""[..],
             b"garbage",
@@ -685,9 +687,11 @@ mod tests {
                 since: Some("2026-11-22T10:00:00Z".parse().unwrap()),
             }
         );
-        let options =
-            LogOptions::from_query(Some("sinceTime=2026-11-22T09%3A00%3A00Z&follow=false"), now())
-                .unwrap();
+        let options = LogOptions::from_query(
+            Some("sinceTime=2026-11-22T09%3A00%3A00Z&follow=false"),
+            now(),
+        )
+        .unwrap();
         assert_eq!(options.since, Some("2026-11-22T09:00:00Z".parse().unwrap()));
         assert!(!options.follow);
         assert_eq!(
@@ -701,13 +705,34 @@ mod tests {
     #[test]
     fn bad_query_values_name_the_parameter_and_value() {
         let cases = [
-            ("tailLines=-1", "invalid value \"-1\" for query parameter tailLines: must be at least 0"),
-            ("limitBytes=0", "invalid value \"0\" for query parameter limitBytes: must be at least 1"),
-            ("limitBytes=ten", "invalid value \"ten\" for query parameter limitBytes: expected an integer"),
-            ("sinceSeconds=-5", "invalid value \"-5\" for query parameter sinceSeconds: must be at least 1"),
-            ("follow=yes", "invalid value \"yes\" for query parameter follow: expected true or false"),
-            ("sinceTime=yesterday", "invalid value \"yesterday\" for query parameter sinceTime: expected an RFC 3339 time"),
-            ("sinceSeconds=5&sinceTime=2026-11-22T09:00:00Z", "at most one of the query parameters sinceSeconds and sinceTime may be given"),
+            (
+                "tailLines=-1",
+                "invalid value \"-1\" for query parameter tailLines: must be at least 0",
+            ),
+            (
+                "limitBytes=0",
+                "invalid value \"0\" for query parameter limitBytes: must be at least 1",
+            ),
+            (
+                "limitBytes=ten",
+                "invalid value \"ten\" for query parameter limitBytes: expected an integer",
+            ),
+            (
+                "sinceSeconds=-5",
+                "invalid value \"-5\" for query parameter sinceSeconds: must be at least 1",
+            ),
+            (
+                "follow=yes",
+                "invalid value \"yes\" for query parameter follow: expected true or false",
+            ),
+            (
+                "sinceTime=yesterday",
+                "invalid value \"yesterday\" for query parameter sinceTime: expected an RFC 3339 time",
+            ),
+            (
+                "sinceSeconds=5&sinceTime=2026-11-22T09:00:00Z",
+                "at most one of the query parameters sinceSeconds and sinceTime may be given",
+            ),
         ];
         for (query, message) in cases {
             let err = LogOptions::from_query(Some(query), now()).unwrap_err();
@@ -720,12 +745,17 @@ mod tests {
         let (_dir, path) = log_file(&format!(
             "{T1} stdout P hel\n{T1} stdout P lo \nnot a log line\n{T2} stderr F world\n{T3} stdout F next\n"
         ));
-        assert_eq!(read_all(&path, LogOptions::default()).await, "hello world\nnext\n");
+        assert_eq!(
+            read_all(&path, LogOptions::default()).await,
+            "hello world\nnext\n"
+        );
     }
 
     #[tokio::test]
     async fn timestamps_prefix_each_joined_line_with_its_first_fragments_time() {
-        let (_dir, path) = log_file(&format!("{T1} stdout P a\n{T2} stdout F b\n{T3} stdout F c\n"));
+        let (_dir, path) = log_file(&format!(
+            "{T1} stdout P a\n{T2} stdout F b\n{T3} stdout F c\n"
+        ));
         let options = LogOptions {
             timestamps: true,
             ..LogOptions::default()
@@ -735,7 +765,9 @@ mod tests {
 
     #[tokio::test]
     async fn since_skips_older_lines() {
-        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two\n{T3} stdout F three\n"));
+        let (_dir, path) = log_file(&format!(
+            "{T1} stdout F one\n{T2} stdout F two\n{T3} stdout F three\n"
+        ));
         let options = LogOptions {
             since: Some("2026-11-22T10:00:02Z".parse().unwrap()),
             ..LogOptions::default()
@@ -745,7 +777,9 @@ mod tests {
 
     #[tokio::test]
     async fn limit_bytes_stops_exactly_at_the_limit() {
-        let text: String = (0..5000).map(|i| format!("{T1} stdout F line {i}\n")).collect();
+        let text: String = (0..5000)
+            .map(|i| format!("{T1} stdout F line {i}\n"))
+            .collect();
         let (_dir, path) = log_file(&text);
         let full = read_all(&path, LogOptions::default()).await;
         // Across output chunks, and inside a line.
@@ -772,7 +806,9 @@ mod tests {
         for i in 0..300 {
             text.push_str(&format!("{T1} stdout F line {i}\n"));
         }
-        text.push_str(&format!("{T1} stdout P first half, \n{T1} stdout F second half\n"));
+        text.push_str(&format!(
+            "{T1} stdout P first half, \n{T1} stdout F second half\n"
+        ));
         text.push_str(&format!("garbage\n{T1} stdout F last\n"));
         let (_dir, path) = log_file(&text);
         let file = std::fs::File::open(&path).unwrap();
@@ -781,7 +817,9 @@ mod tests {
             let start = tail_start(&file, 2, chunk).unwrap();
             assert_eq!(
                 &text[usize::try_from(start).unwrap()..],
-                format!("{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"),
+                format!(
+                    "{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"
+                ),
                 "chunk {chunk}"
             );
             let start = tail_start(&file, 0, chunk).unwrap();
@@ -789,13 +827,18 @@ mod tests {
             assert_eq!(tail_start(&file, 10_000, chunk).unwrap(), 0);
             assert_eq!(tail_start(&file, 302, chunk).unwrap(), 0);
             let start = tail_start(&file, 301, chunk).unwrap();
-            assert!(text[usize::try_from(start).unwrap()..].starts_with(&format!("{T1} stdout F line 1\n")));
+            assert!(
+                text[usize::try_from(start).unwrap()..]
+                    .starts_with(&format!("{T1} stdout F line 1\n"))
+            );
         }
     }
 
     #[tokio::test]
     async fn tail_of_a_file_bigger_than_a_read_chunk() {
-        let text: String = (0..20_000).map(|i| format!("{T1} stdout F line {i}\n")).collect();
+        let text: String = (0..20_000)
+            .map(|i| format!("{T1} stdout F line {i}\n"))
+            .collect();
         assert!(text.len() > 4 * TAIL_CHUNK);
         let (_dir, path) = log_file(&text);
         let options = LogOptions {
@@ -832,10 +875,15 @@ mod tests {
     }
 
     /// A liveness predicate the test flips.
-    fn alive_flag() -> (Arc<AtomicBool>, impl FnMut() -> futures::future::Ready<bool> + Send + 'static) {
+    fn alive_flag() -> (
+        Arc<AtomicBool>,
+        impl FnMut() -> futures::future::Ready<bool> + Send + 'static,
+    ) {
         let alive = Arc::new(AtomicBool::new(true));
         let check = Arc::clone(&alive);
-        (alive, move || futures::future::ready(check.load(Ordering::SeqCst)))
+        (alive, move || {
+            futures::future::ready(check.load(Ordering::SeqCst))
+        })
     }
 
     #[tokio::test(start_paused = true)]
@@ -862,7 +910,10 @@ mod tests {
         while let Some(chunk) = stream.next().await {
             rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
         }
-        assert_eq!(rest, "last words\n", "the stream drains the file, then ends");
+        assert_eq!(
+            rest, "last words\n",
+            "the stream drains the file, then ends"
+        );
     }
 
     #[tokio::test(start_paused = true)]

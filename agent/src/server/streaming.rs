@@ -317,3 +317,258 @@ async fn join_upgraded(client: OnUpgrade, runtime: OnUpgrade) {
         Err(error) => tracing::debug!(%error, "stream session ended"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use hyper::service::service_fn;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    #[test]
+    fn exec_queries_parse_like_the_kubelet() {
+        let request = exec_request_from_query(Some(
+            "command=sh&command=-c&command=echo%20hi+there&input=1&output=1&error=1",
+        ))
+        .unwrap();
+        assert_eq!(request.cmd, ["sh", "-c", "echo hi there"]);
+        assert_eq!(
+            request.streams,
+            StreamOptions {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+                tty: false
+            }
+        );
+        let request =
+            exec_request_from_query(Some("command=ls&stdout=true&stderr=true&tty=1")).unwrap();
+        assert_eq!(
+            request.streams,
+            StreamOptions {
+                stdin: false,
+                stdout: true,
+                stderr: false,
+                tty: true
+            },
+            "a terminal has no separate stderr"
+        );
+        let streams = stream_options_from_query(Some("input=1&tty")).unwrap();
+        assert!(streams.stdin && streams.tty && !streams.stdout);
+    }
+
+    #[test]
+    fn bad_exec_queries_name_the_problem() {
+        let cases = [
+            ("output=1", "the query parameter command is required"),
+            (
+                "command=ls&output=0",
+                "at least one of the query parameters input, output and error (stdin, stdout, stderr) must be true",
+            ),
+            (
+                "command=ls&output=yes",
+                "invalid value \"yes\" for query parameter output: expected true or false",
+            ),
+            (
+                "command=ls&stdin=2",
+                "invalid value \"2\" for query parameter stdin: expected true or false",
+            ),
+        ];
+        for (query, message) in cases {
+            let err = exec_request_from_query(Some(query)).unwrap_err();
+            assert_eq!(err.to_string(), message, "{query}");
+            assert_eq!(err.http_status(), StatusCode::BAD_REQUEST);
+        }
+        assert!(matches!(
+            stream_options_from_query(None),
+            Err(StreamingError::NoStreams)
+        ));
+    }
+
+    #[test]
+    fn ports_parse_from_repeated_and_listed_values() {
+        assert_eq!(
+            ports_from_query(Some("port=80&port=8080,9090&other=1")).unwrap(),
+            [80, 8080, 9090]
+        );
+        assert_eq!(ports_from_query(None).unwrap(), Vec::<i32>::new());
+        for bad in ["0", "65536", "-1", "http", ""] {
+            let err = ports_from_query(Some(&format!("port={bad}"))).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "invalid value {bad:?} for query parameter port: expected a port from 1 to 65535"
+                )
+            );
+        }
+    }
+
+    /// Stands in for the runtime's streaming server: upgrades requests that ask for it and echoes
+    /// what arrives; answers others with what it received.
+    async fn runtime_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let service = service_fn(|mut request: Request<Incoming>| async move {
+                    if !request.headers().contains_key(header::UPGRADE) {
+                        let seen = format!(
+                            "{} {} authorization={}",
+                            request.method(),
+                            request.uri(),
+                            request.headers().contains_key(header::AUTHORIZATION)
+                        );
+                        return Ok::<_, Infallible>(Response::new(seen));
+                    }
+                    let upgrade = hyper::upgrade::on(&mut request);
+                    tokio::spawn(async move {
+                        let mut io = TokioIo::new(upgrade.await.unwrap());
+                        let mut buf = [0u8; 1024];
+                        loop {
+                            let n = io.read(&mut buf).await.unwrap();
+                            if n == 0 {
+                                break;
+                            }
+                            io.write_all(&buf[..n]).await.unwrap();
+                        }
+                    });
+                    let mut response = Response::builder()
+                        .status(StatusCode::SWITCHING_PROTOCOLS)
+                        .header(header::CONNECTION, "Upgrade")
+                        .header(header::UPGRADE, "SPDY/3.1");
+                    if let Some(version) = request.headers().get("x-stream-protocol-version") {
+                        response = response.header("X-Stream-Protocol-Version", version);
+                    }
+                    Ok(response.body(String::new()).unwrap())
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades(),
+                );
+            }
+        });
+        addr
+    }
+
+    /// The agent's side: every request is proxied to `target`.
+    async fn proxy_server(target: String) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let target = target.clone();
+                let service = service_fn(move |request| {
+                    let target = target.clone();
+                    async move { Ok::<_, Infallible>(proxy_to_runtime(request, &target).await) }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades(),
+                );
+            }
+        });
+        addr
+    }
+
+    async fn send(addr: SocketAddr, request: Request<Empty<Bytes>>) -> Response<Incoming> {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection.with_upgrades());
+        sender.send_request(request).await.unwrap()
+    }
+
+    async fn body_text(response: Response<Incoming>) -> String {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn upgraded_sessions_carry_bytes_both_ways() {
+        let runtime = runtime_server().await;
+        let proxy = proxy_server(format!("http://{runtime}/exec/token123")).await;
+        let request = Request::builder()
+            .uri("/exec/default/pod/app?command=sh&input=1&output=1")
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "SPDY/3.1")
+            .header("X-Stream-Protocol-Version", "v4.channel.k8s.io")
+            .body(Empty::new())
+            .unwrap();
+        let mut response = send(proxy, request).await;
+        assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+        assert_eq!(
+            response.headers()["x-stream-protocol-version"],
+            "v4.channel.k8s.io"
+        );
+        let mut io = TokioIo::new(hyper::upgrade::on(&mut response).await.unwrap());
+        for message in [&b"ping"[..], b"a longer second message"] {
+            io.write_all(message).await.unwrap();
+            let mut echoed = vec![0u8; message.len()];
+            io.read_exact(&mut echoed).await.unwrap();
+            assert_eq!(echoed, message);
+        }
+        io.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        io.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "the runtime's close reaches the client");
+    }
+
+    #[tokio::test]
+    async fn plain_requests_get_the_runtimes_answer_without_the_clients_credentials() {
+        let runtime = runtime_server().await;
+        let proxy = proxy_server(format!("http://{runtime}/portforward/tok")).await;
+        let request = Request::builder()
+            .uri("/portForward/default/pod?port=8080")
+            .header(header::AUTHORIZATION, "Bearer secret")
+            .body(Empty::new())
+            .unwrap();
+        let response = send(proxy, request).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            body_text(response).await,
+            "GET /portforward/tok?port=8080 authorization=false"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_refuses_is_a_bad_gateway() {
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        for (target, reason) in [
+            (
+                format!("http://{closed}/exec/x"),
+                format!("connecting to the runtime's streaming server at {closed}: "),
+            ),
+            (
+                "https://127.0.0.1:1/exec/x".to_owned(),
+                "only http:// URLs are supported".to_owned(),
+            ),
+            (
+                "not a url at all".to_owned(),
+                "invalid runtime streaming URL".to_owned(),
+            ),
+        ] {
+            let proxy = proxy_server(target.clone()).await;
+            let request = Request::builder()
+                .uri("/exec/a/b/c")
+                .body(Empty::new())
+                .unwrap();
+            let response = send(proxy, request).await;
+            assert_eq!(response.status(), StatusCode::BAD_GATEWAY, "{target}");
+            let body = body_text(response).await;
+            assert!(body.contains(&reason), "{target}: {body}");
+        }
+    }
+}
