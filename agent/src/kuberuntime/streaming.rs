@@ -101,3 +101,230 @@ impl StreamingRuntime for KubeGenericRuntimeManager {
         }
     }
 }
+
+/// Exec, run and logs against the lab's real containerd (ignored by default, like `smoke_tests`):
+/// `cargo test -p ringlet --lib kuberuntime::streaming -- --ignored`.
+#[cfg(test)]
+mod smoke_tests {
+    use std::convert::Infallible;
+    use std::net::SocketAddr;
+    use std::panic::AssertUnwindSafe;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use futures::{FutureExt, StreamExt};
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tokio::net::TcpListener;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    use super::super::smoke_tests::{SOCKET, manager, remove_pod, status_when};
+    use super::*;
+    use crate::container::{ContainerState, PodStatus, PodUid, Runtime};
+    use crate::kuberuntime::logs::{LogOptions, read_logs};
+
+    fn container(name: &str, script: &str) -> Container {
+        Container {
+            name: name.into(),
+            image: Some("busybox".into()),
+            command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+            ..Container::default()
+        }
+    }
+
+    /// Runs a v4.channel.k8s.io WebSocket session on `url` and returns its stdout (channel 1) and
+    /// its status message (channel 3).
+    async fn websocket_exec(url: &str) -> (String, String) {
+        let mut request = url
+            .replacen("http://", "ws://", 1)
+            .into_client_request()
+            .unwrap();
+        request.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            "v4.channel.k8s.io".parse().unwrap(),
+        );
+        let (mut socket, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+        assert_eq!(
+            response.headers()["sec-websocket-protocol"],
+            "v4.channel.k8s.io"
+        );
+        let (mut stdout, mut status) = (Vec::new(), Vec::new());
+        while let Some(message) = socket.next().await {
+            match message.unwrap() {
+                Message::Binary(data) => match data.split_first() {
+                    Some((1, rest)) => stdout.extend_from_slice(rest),
+                    Some((3, rest)) => status.extend_from_slice(rest),
+                    _ => {}
+                },
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = socket.close(None).await;
+        (
+            String::from_utf8(stdout).unwrap(),
+            String::from_utf8(status).unwrap(),
+        )
+    }
+
+    /// The agent's proxy in front of one session URL.
+    async fn proxy(target: String) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = service_fn(move |request| {
+                let target = target.clone();
+                async move {
+                    Ok::<_, Infallible>(
+                        crate::server::streaming::proxy_to_runtime(request, &target).await,
+                    )
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+        addr
+    }
+
+    #[tokio::test]
+    #[ignore = "needs root and the lab's containerd at /run/containerd/containerd.sock"]
+    async fn exec_run_and_logs_on_a_real_container() {
+        assert!(
+            Path::new(SOCKET).exists(),
+            "no containerd socket at {SOCKET}"
+        );
+        let root = tempfile::tempdir().unwrap();
+        let manager = Arc::new(manager(root.path()));
+        let uid = PodUid::from(format!("smoke-streaming-{}", std::process::id()));
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("smoke-streaming".into()),
+                namespace: Some("ringlet-smoke".into()),
+                uid: Some(uid.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                host_network: Some(true),
+                termination_grace_period_seconds: Some(1),
+                containers: vec![
+                    container("app", "echo line-one; echo line-two >&2; sleep 3600"),
+                    container("ticker", "for i in 1 2 3; do echo tick $i; sleep 1; done"),
+                ],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        let scenario = AssertUnwindSafe(scenario(Arc::clone(&manager), &pod, &uid));
+        let outcome = scenario.catch_unwind().await;
+        remove_pod(&manager, &uid).await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    async fn scenario(manager: Arc<KubeGenericRuntimeManager>, pod: &Pod, uid: &PodUid) {
+        let synced = manager.sync_pod(pod, &PodStatus::default()).await;
+        assert_eq!(synced.first_failure(), None, "{synced:?}");
+        let pod_status = status_when(&manager, uid, |s| {
+            s.container("app")
+                .is_some_and(|c| c.state == ContainerState::Running)
+                && s.container("ticker").is_some()
+        })
+        .await;
+        let app = pod_status.container("app").unwrap().id.clone();
+        let ticker = pod_status.container("ticker").unwrap().id.clone();
+        let exec = |cmd: &str| ExecRequest {
+            cmd: vec!["echo".into(), cmd.into()],
+            streams: StreamOptions {
+                stdout: true,
+                stderr: true,
+                ..StreamOptions::default()
+            },
+        };
+
+        // Straight to the runtime's streaming server, then through the agent's proxy.
+        let url = manager.get_exec(&app, exec("hello-exec")).await.unwrap();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        let (stdout, status) = websocket_exec(&url).await;
+        assert_eq!(stdout, "hello-exec\n");
+        assert!(status.contains("Success"), "{status}");
+        let url = manager.get_exec(&app, exec("via-proxy")).await.unwrap();
+        let path = url.splitn(4, '/').nth(3).unwrap().to_owned();
+        let proxied = proxy(url).await;
+        let (stdout, _) = websocket_exec(&format!("http://{proxied}/{path}")).await;
+        assert_eq!(stdout, "via-proxy\n");
+
+        let output = manager
+            .run_in_container(
+                &app,
+                vec!["sh".into(), "-c".into(), "echo out; echo err >&2".into()],
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8(output).unwrap(), "out\nerr\n");
+        let err = manager
+            .run_in_container(
+                &app,
+                vec!["sh".into(), "-c".into(), "echo bad >&2; exit 3".into()],
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("exited with 3: bad"), "{err}");
+
+        let sandbox = &pod_status.sandboxes[0].id;
+        let url = manager.get_port_forward(sandbox, vec![80]).await.unwrap();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+
+        let path = manager.container_log_path(&app).await.unwrap();
+        assert!(
+            path.starts_with(
+                manager
+                    .helper
+                    .pod_log_dir("ringlet-smoke", "smoke-streaming", uid)
+            )
+        );
+        let chunks: Vec<_> = read_logs(path, LogOptions::default(), || async { true })
+            .collect()
+            .await;
+        let text: String = chunks
+            .into_iter()
+            .map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap())
+            .collect();
+        assert!(
+            text.contains("line-one\n") && text.contains("line-two\n"),
+            "{text}"
+        );
+
+        // Following ends by itself once the ticker exits.
+        let path = manager.container_log_path(&ticker).await.unwrap();
+        let options = LogOptions {
+            follow: true,
+            ..LogOptions::default()
+        };
+        let runtime = Arc::clone(&manager);
+        let still_running = move || {
+            let runtime = Arc::clone(&runtime);
+            let id = ticker.clone();
+            async move { runtime.container_running(&id).await.unwrap_or(false) }
+        };
+        let followed = tokio::time::timeout(
+            Duration::from_secs(30),
+            read_logs(path, options, still_running).collect::<Vec<_>>(),
+        )
+        .await
+        .expect("the followed log ends when the container exits");
+        let text: String = followed
+            .into_iter()
+            .map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap())
+            .collect();
+        assert_eq!(text, "tick 1\ntick 2\ntick 3\n");
+    }
+}
