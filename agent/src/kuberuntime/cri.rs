@@ -521,6 +521,28 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn stream_requests_use_upstream_field_numbers() {
+        use prost::Message;
+        // Attach orders its flags differently from Exec upstream: a slip here swaps streams.
+        let attach = cri::AttachRequest {
+            stdout: true,
+            ..cri::AttachRequest::default()
+        };
+        assert_eq!(attach.encode_to_vec(), [4 << 3, 1]);
+        let exec = cri::ExecRequest {
+            stdout: true,
+            ..cri::ExecRequest::default()
+        };
+        assert_eq!(exec.encode_to_vec(), [5 << 3, 1]);
+        let forward = cri::PortForwardRequest {
+            port: vec![80],
+            ..cri::PortForwardRequest::default()
+        };
+        // Field 2, packed (length-delimited): one byte of varints.
+        assert_eq!(forward.encode_to_vec(), [(2 << 3) | 2, 1, 80]);
+    }
+
     #[tokio::test]
     async fn a_missing_socket_is_unavailable_not_a_startup_failure() {
         let dir = tempfile::tempdir().unwrap();

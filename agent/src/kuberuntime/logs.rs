@@ -595,6 +595,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write as _;
     use std::io::Write as _;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -608,6 +609,15 @@ mod tests {
 
     fn now() -> Timestamp {
         "2026-11-22T10:00:10Z".parse().unwrap()
+    }
+
+    /// `count` full lines `line 0` … `line <count - 1>`.
+    fn numbered(count: usize) -> String {
+        let mut text = String::new();
+        for i in 0..count {
+            let _ = writeln!(text, "{T1} stdout F line {i}");
+        }
+        text
     }
 
     fn log_file(text: &str) -> (tempfile::TempDir, PathBuf) {
@@ -777,9 +787,7 @@ mod tests {
 
     #[tokio::test]
     async fn limit_bytes_stops_exactly_at_the_limit() {
-        let text: String = (0..5000)
-            .map(|i| format!("{T1} stdout F line {i}\n"))
-            .collect();
+        let text = numbered(5000);
         let (_dir, path) = log_file(&text);
         let full = read_all(&path, LogOptions::default()).await;
         // Across output chunks, and inside a line.
@@ -802,14 +810,11 @@ mod tests {
 
     #[test]
     fn tail_reads_backwards_in_chunks_and_never_splits_a_joined_line() {
-        let mut text = String::new();
-        for i in 0..300 {
-            text.push_str(&format!("{T1} stdout F line {i}\n"));
-        }
-        text.push_str(&format!(
-            "{T1} stdout P first half, \n{T1} stdout F second half\n"
-        ));
-        text.push_str(&format!("garbage\n{T1} stdout F last\n"));
+        let mut text = numbered(300);
+        let _ = write!(
+            text,
+            "{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"
+        );
         let (_dir, path) = log_file(&text);
         let file = std::fs::File::open(&path).unwrap();
         assert!(text.len() > 64 * 10, "the file spans many chunks");
@@ -823,7 +828,7 @@ mod tests {
                 "chunk {chunk}"
             );
             let start = tail_start(&file, 0, chunk).unwrap();
-            assert_eq!(start as usize, text.len());
+            assert_eq!(start, text.len() as u64);
             assert_eq!(tail_start(&file, 10_000, chunk).unwrap(), 0);
             assert_eq!(tail_start(&file, 302, chunk).unwrap(), 0);
             let start = tail_start(&file, 301, chunk).unwrap();
@@ -836,9 +841,7 @@ mod tests {
 
     #[tokio::test]
     async fn tail_of_a_file_bigger_than_a_read_chunk() {
-        let text: String = (0..20_000)
-            .map(|i| format!("{T1} stdout F line {i}\n"))
-            .collect();
+        let text = numbered(20_000);
         assert!(text.len() > 4 * TAIL_CHUNK);
         let (_dir, path) = log_file(&text);
         let options = LogOptions {
