@@ -102,6 +102,242 @@ impl StreamingRuntime for KubeGenericRuntimeManager {
     }
 }
 
+/// The CRI mapping against a fake runtime on a temporary socket.
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use k8s_openapi::api::core::v1::Pod;
+    use ringlet_proto::runtime::v1::runtime_service_server::{
+        RuntimeService, RuntimeServiceServer,
+    };
+    use tokio::net::UnixListener;
+    use tokio_stream::wrappers::UnixListenerStream;
+    use tonic::{Request, Response, Status};
+
+    use super::*;
+    use crate::container::PodUid;
+    use crate::events::Recorder;
+    use crate::kuberuntime::{CriClient, RuntimeHelper, RuntimeSettings};
+
+    /// Remembers the session requests; containers `app` (running, with a log), `exited`,
+    /// `nolog` (running, no log path) exist; exec in `fail` exits 2.
+    #[derive(Default)]
+    struct Fake {
+        exec: Mutex<Option<cri::ExecRequest>>,
+        attach: Mutex<Option<cri::AttachRequest>>,
+        port_forward: Mutex<Option<cri::PortForwardRequest>>,
+    }
+
+    #[tonic::async_trait]
+    impl RuntimeService for Fake {
+        async fn exec(
+            &self,
+            request: Request<cri::ExecRequest>,
+        ) -> Result<Response<cri::ExecResponse>, Status> {
+            let request = request.into_inner();
+            let url = format!("http://127.0.0.1:1/exec/{}", request.container_id);
+            *self.exec.lock().unwrap() = Some(request);
+            Ok(Response::new(cri::ExecResponse { url }))
+        }
+
+        async fn attach(
+            &self,
+            request: Request<cri::AttachRequest>,
+        ) -> Result<Response<cri::AttachResponse>, Status> {
+            *self.attach.lock().unwrap() = Some(request.into_inner());
+            Ok(Response::new(cri::AttachResponse {
+                url: "http://127.0.0.1:1/attach/t".into(),
+            }))
+        }
+
+        async fn port_forward(
+            &self,
+            request: Request<cri::PortForwardRequest>,
+        ) -> Result<Response<cri::PortForwardResponse>, Status> {
+            *self.port_forward.lock().unwrap() = Some(request.into_inner());
+            Ok(Response::new(cri::PortForwardResponse {
+                url: "http://127.0.0.1:1/portforward/t".into(),
+            }))
+        }
+
+        async fn exec_sync(
+            &self,
+            request: Request<cri::ExecSyncRequest>,
+        ) -> Result<Response<cri::ExecSyncResponse>, Status> {
+            let exit_code = if request.get_ref().container_id == "fail" {
+                2
+            } else {
+                0
+            };
+            Ok(Response::new(cri::ExecSyncResponse {
+                stdout: b"out\n".to_vec(),
+                stderr: b"err\n".to_vec(),
+                exit_code,
+            }))
+        }
+
+        async fn container_status(
+            &self,
+            request: Request<cri::ContainerStatusRequest>,
+        ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
+            let id = request.into_inner().container_id;
+            let (state, log_path) = match id.as_str() {
+                "app" => (
+                    cri::ContainerState::ContainerRunning,
+                    "/var/log/pods/x/app/0.log",
+                ),
+                "exited" => (
+                    cri::ContainerState::ContainerExited,
+                    "/var/log/pods/x/e/0.log",
+                ),
+                "nolog" => (cri::ContainerState::ContainerRunning, ""),
+                _ => return Err(Status::not_found(format!("container {id} not found"))),
+            };
+            Ok(Response::new(cri::ContainerStatusResponse {
+                status: Some(cri::ContainerStatus {
+                    id,
+                    state: state.into(),
+                    log_path: log_path.into(),
+                    ..cri::ContainerStatus::default()
+                }),
+                info: std::collections::HashMap::default(),
+            }))
+        }
+    }
+
+    struct Helper;
+
+    impl RuntimeHelper for Helper {
+        fn pod_cgroup_parent(&self, _pod: &Pod) -> Result<String, String> {
+            Ok("/kubepods".into())
+        }
+        fn pod_dir(&self, uid: &PodUid) -> PathBuf {
+            Path::new("/nonexistent").join(uid.as_str())
+        }
+        fn node_name(&self) -> &'static str {
+            "node"
+        }
+        fn pod_log_dir(&self, _namespace: &str, _name: &str, uid: &PodUid) -> PathBuf {
+            Path::new("/nonexistent").join(uid.as_str())
+        }
+    }
+
+    async fn serve(fake: Arc<Fake>) -> (tempfile::TempDir, KubeGenericRuntimeManager) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("cri.sock");
+        let incoming = UnixListenerStream::new(UnixListener::bind(&socket).unwrap());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .serve_with_incoming(RuntimeServiceServer::from_arc(fake), incoming),
+        );
+        let cri = CriClient::new(&socket.display().to_string(), Duration::from_secs(5)).unwrap();
+        let manager = KubeGenericRuntimeManager::new(
+            cri,
+            Arc::new(Helper),
+            Recorder::new(None),
+            RuntimeSettings::default(),
+        );
+        (dir, manager)
+    }
+
+    #[tokio::test]
+    async fn sessions_ask_the_runtime_for_urls_with_the_requested_streams() {
+        let fake = Arc::new(Fake::default());
+        let (_dir, manager) = serve(Arc::clone(&fake)).await;
+        let id = ContainerId::from("app");
+        let tty = StreamOptions {
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            tty: true,
+        };
+        let url = manager
+            .get_exec(
+                &id,
+                ExecRequest {
+                    cmd: vec!["sh".into()],
+                    streams: tty,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(url, "http://127.0.0.1:1/exec/app");
+        let exec = fake.exec.lock().unwrap().take().unwrap();
+        assert_eq!(exec.cmd, ["sh"]);
+        assert!(exec.tty && exec.stdin && exec.stdout);
+        assert!(!exec.stderr, "a terminal has no separate stderr");
+
+        let streams = StreamOptions {
+            stdout: true,
+            stderr: true,
+            ..StreamOptions::default()
+        };
+        manager.get_attach(&id, streams).await.unwrap();
+        let attach = fake.attach.lock().unwrap().take().unwrap();
+        assert_eq!(
+            (
+                attach.container_id.as_str(),
+                attach.stdin,
+                attach.stdout,
+                attach.stderr,
+                attach.tty
+            ),
+            ("app", false, true, true, false)
+        );
+
+        let url = manager
+            .get_port_forward(&SandboxId::from("sb"), vec![80, 443])
+            .await
+            .unwrap();
+        assert_eq!(url, "http://127.0.0.1:1/portforward/t");
+        let forward = fake.port_forward.lock().unwrap().take().unwrap();
+        assert_eq!(
+            (forward.pod_sandbox_id.as_str(), forward.port),
+            ("sb", vec![80, 443])
+        );
+    }
+
+    #[tokio::test]
+    async fn run_log_path_and_liveness_map_the_runtimes_answers() {
+        let (_dir, manager) = serve(Arc::new(Fake::default())).await;
+        let output = manager
+            .run_in_container(&"app".into(), vec!["x".into()], Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(output, b"out\nerr\n");
+        let err = manager
+            .run_in_container(&"fail".into(), vec!["x".into()], Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "runtime call ExecSync failed: command [\"x\"] in container fail exited with 2: err"
+        );
+
+        assert_eq!(
+            manager.container_log_path(&"app".into()).await.unwrap(),
+            Path::new("/var/log/pods/x/app/0.log")
+        );
+        assert!(matches!(
+            manager.container_log_path(&"nolog".into()).await,
+            Err(RuntimeError::NotFound { .. })
+        ));
+        assert!(matches!(
+            manager.container_log_path(&"gone".into()).await,
+            Err(RuntimeError::NotFound { .. })
+        ));
+
+        assert!(manager.container_running(&"app".into()).await.unwrap());
+        assert!(!manager.container_running(&"exited".into()).await.unwrap());
+        assert!(
+            !manager.container_running(&"gone".into()).await.unwrap(),
+            "a removed container is not running"
+        );
+    }
+}
+
 /// Exec, run and logs against the lab's real containerd (ignored by default, like `smoke_tests`):
 /// `cargo test -p ringlet --lib kuberuntime::streaming -- --ignored`.
 #[cfg(test)]
