@@ -224,7 +224,7 @@ mod tests {
         }
     }
 
-    async fn serve(fake: Arc<Fake>) -> (tempfile::TempDir, KubeGenericRuntimeManager) {
+    fn serve(fake: Arc<Fake>) -> (tempfile::TempDir, KubeGenericRuntimeManager) {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("cri.sock");
         let incoming = UnixListenerStream::new(UnixListener::bind(&socket).unwrap());
@@ -245,7 +245,7 @@ mod tests {
     #[tokio::test]
     async fn sessions_ask_the_runtime_for_urls_with_the_requested_streams() {
         let fake = Arc::new(Fake::default());
-        let (_dir, manager) = serve(Arc::clone(&fake)).await;
+        let (_dir, manager) = serve(Arc::clone(&fake));
         let id = ContainerId::from("app");
         let tty = StreamOptions {
             stdin: true,
@@ -301,7 +301,7 @@ mod tests {
 
     #[tokio::test]
     async fn run_log_path_and_liveness_map_the_runtimes_answers() {
-        let (_dir, manager) = serve(Arc::new(Fake::default())).await;
+        let (_dir, manager) = serve(Arc::new(Fake::default()));
         let output = manager
             .run_in_container(&"app".into(), vec!["x".into()], Duration::from_secs(1))
             .await
