@@ -271,8 +271,9 @@ fn tail_start(file: &std::fs::File, lines: u64, chunk: usize) -> io::Result<u64>
 /// Streams a CRI log file as `kubectl logs` shows it. `still_running` is asked (at most once a
 /// second, and only while following with nothing new to read) whether the container still runs;
 /// once it says no, the rest of the file is read and the stream ends. Dropping the stream stops
-/// everything, including the file watch. File reads go through tokio's blocking pool. A file
-/// that cannot be opened gives one error item.
+/// everything, including the file watch. File reads go through tokio's blocking pool. The file is
+/// opened on the first poll: one that cannot be opened gives one error item (see [`open_logs`] to
+/// learn that before answering).
 pub fn read_logs<F, Fut>(
     path: PathBuf,
     options: LogOptions,
@@ -282,26 +283,25 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = bool> + Send + 'static,
 {
-    let reader = LogReader {
-        emitted: 0,
-        path,
-        options,
-        still_running,
-        file: None,
-        identity: (0, 0),
-        position: 0,
-        line: Vec::new(),
-        pending: None,
-        watch: None,
-        last_check: Instant::now(),
-        rotated: false,
-        ending: false,
-        done: false,
-    };
-    futures::stream::unfold(reader, |mut reader| async move {
-        let item = reader.next_chunk().await?;
-        Some((item, reader))
-    })
+    LogReader::new(path, options, still_running).into_stream()
+}
+
+/// [`read_logs`], but the file is opened (and the tail found) first, so a missing or unreadable
+/// log is an error the caller can answer with a status code instead of a broken body.
+pub async fn open_logs<F, Fut>(
+    path: PathBuf,
+    options: LogOptions,
+    still_running: F,
+) -> io::Result<impl Stream<Item = io::Result<Bytes>> + Send + 'static>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = bool> + Send + 'static,
+{
+    let mut reader = LogReader::new(path, options, still_running);
+    if let Err(error) = reader.open_first().await {
+        return Err(reader.context(&error));
+    }
+    Ok(reader.into_stream())
 }
 
 /// The start of a message whose fragments (`P` lines) are being joined.
@@ -362,6 +362,40 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = bool> + Send + 'static,
 {
+    fn new(path: PathBuf, options: LogOptions, still_running: F) -> Self {
+        Self {
+            emitted: 0,
+            path,
+            options,
+            still_running,
+            file: None,
+            identity: (0, 0),
+            position: 0,
+            line: Vec::new(),
+            pending: None,
+            watch: None,
+            last_check: Instant::now(),
+            rotated: false,
+            ending: false,
+            done: false,
+        }
+    }
+
+    fn into_stream(self) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static {
+        futures::stream::unfold(self, |mut reader| async move {
+            let item = reader.next_chunk().await?;
+            Some((item, reader))
+        })
+    }
+
+    /// The error with the file it concerns (I/O errors alone do not name it).
+    fn context(&self, error: &io::Error) -> io::Error {
+        io::Error::new(
+            error.kind(),
+            format!("reading container log {}: {error}", self.path.display()),
+        )
+    }
+
     async fn next_chunk(&mut self) -> Option<io::Result<Bytes>> {
         if self.done {
             return None;
@@ -377,10 +411,7 @@ where
             }
             Err(error) => {
                 self.done = true;
-                Some(Err(io::Error::new(
-                    error.kind(),
-                    format!("reading container log {}: {error}", self.path.display()),
-                )))
+                Some(Err(self.context(&error)))
             }
         }
     }
@@ -868,6 +899,30 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
         assert!(err.to_string().contains("0.log"), "{err}");
         assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn open_logs_reports_a_missing_file_before_streaming() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = open_logs(dir.path().join("0.log"), LogOptions::default(), || async {
+            true
+        })
+        .await;
+        let Err(err) = missing else {
+            panic!("a missing log cannot be opened");
+        };
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("0.log"), "{err}");
+
+        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two\n"));
+        let options = LogOptions {
+            tail_lines: Some(1),
+            ..LogOptions::default()
+        };
+        let stream = open_logs(path, options, || async { true }).await.unwrap();
+        let chunks: Vec<_> = stream.collect().await;
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(&chunks[0].as_ref().unwrap()[..], b"two\n");
     }
 
     fn follow_options() -> LogOptions {

@@ -7,8 +7,11 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use bytes::{Bytes, BytesMut};
+use futures::Stream;
 use http::StatusCode;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
+use tokio::io::AsyncReadExt;
 
 /// Why a `/logs/` request cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +116,25 @@ pub fn resolve(root: &Path, request_path: &str) -> Result<NodeLogTarget, NodeLog
     } else {
         Err(invalid("names neither a file nor a directory"))
     }
+}
+
+/// Bytes read per step when streaming a file.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The contents of an opened file as a body stream, read a piece at a time: node logs can be far
+/// bigger than what should sit in memory.
+pub fn file_stream(
+    file: tokio::fs::File,
+) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static {
+    futures::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        match file.read_buf(&mut buf).await {
+            Ok(0) => None,
+            Ok(_) => Some((Ok(buf.freeze()), Some(file))),
+            Err(error) => Some((Err(error), None)),
+        }
+    })
 }
 
 /// Characters escaped in a link target: everything that is not safe in a relative URL path.
@@ -278,6 +300,19 @@ mod tests {
             resolve(&root, "a.log%00.txt"),
             Err(NodeLogError::Invalid { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn files_stream_whole_in_pieces() {
+        use futures::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.log");
+        let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let file = tokio::fs::File::open(&path).await.unwrap();
+        let pieces: Vec<Bytes> = file_stream(file).map(Result::unwrap).collect().await;
+        assert!(pieces.len() > 1, "read a piece at a time");
+        assert_eq!(pieces.concat(), content);
     }
 
     #[test]
