@@ -262,7 +262,8 @@ fn tail_start(file: &std::fs::File, lines: u64, chunk: usize) -> io::Result<u64>
         }
         end = begin;
     }
-    if len > 0 && header_at(&buf[..0], 0, 0)? && wanted == 1 {
+    // The first line has no newline before it.
+    if len > 0 && wanted == 1 && header_at(&[], 0, 0)? {
         return Ok(next_start);
     }
     Ok(0)
