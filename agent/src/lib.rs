@@ -3,6 +3,7 @@
 //! kubelet package it corresponds to.
 
 pub mod apis;
+pub mod apiserver;
 pub mod cli;
 pub mod cm;
 pub mod container;
@@ -17,5 +18,6 @@ pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;
 pub mod server;
+pub mod stats;
 pub mod status;
 pub mod volumes;

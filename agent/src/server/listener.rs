@@ -1,37 +1,188 @@
-//! The accept loop and per-connection HTTP/1 driver shared by the listeners: request-size and
-//! header-time limits, and graceful shutdown (stop accepting, let open requests finish, give up after
-//! a bounded wait).
+//! The accept loop and per-connection HTTP/1 driver shared by the listeners (the part of Go's
+//! `http.Server` the kubelet relies on): plain or TLS transport, a cap on open connections, request
+//! size and header-time limits, a TLS handshake deadline, and graceful shutdown (stop accepting, let
+//! open requests finish, give up after a bounded wait).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio_rustls::server::TlsStream;
 
 use super::ServerError;
-use super::router::Router;
+use super::peer::PeerCertificates;
+use super::router::{Body, Router};
+use super::tls::ServingTls;
 
 /// The kubelet's `MaxHeaderBytes` (1 MiB) for the request line plus headers.
 const MAX_HEADER_BYTES: usize = 1 << 20;
 /// Room for the header block plus hyper's read-ahead, so the header limit is what trips first.
 const MAX_BUF_BYTES: usize = MAX_HEADER_BYTES + (64 << 10);
-/// How long a client may take to send a request's head (also bounds idle keep-alive connections),
-/// so a slowloris client cannot pin a connection.
+/// Default of [`ServeLimits::header_read_timeout`].
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long shutdown waits for open requests before closing their connections.
+/// Default of [`ServeLimits::shutdown_grace`].
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Default of [`ServeLimits::tls_handshake_timeout`] (Go's usual TLS handshake timeout).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of [`ServeLimits::max_connections`].
+const MAX_CONNECTIONS: usize = 1024;
 /// Longest pause after an accept failure such as running out of file descriptors.
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `shutdown` completes, then drains open connections.
+/// Per-listener limits that keep slow or hostile clients from exhausting the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Connections served at once. When all are taken the listener stops accepting, so new
+    /// connections wait in the kernel's backlog until one closes; the open ones keep being served.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's head. hyper starts this clock whenever it waits
+    /// for a request, so it is also the idle timeout of a kept-alive connection. Bodies and upgraded
+    /// streams (exec, attach, port-forward) are not bounded by it.
+    pub header_read_timeout: Duration,
+    /// How long a client may take to complete the TLS handshake.
+    pub tls_handshake_timeout: Duration,
+    /// How long shutdown waits for open requests before closing their connections.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            tls_handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
+            shutdown_grace: SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// How an accepted TCP connection becomes the byte stream HTTP runs over.
+pub(crate) trait Transport: Send + Sync + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// For log lines.
+    const SCHEME: &'static str;
+
+    /// Completes the transport's handshake; also returns the client's certificates when it sent any.
+    fn handshake(
+        &self,
+        tcp: TcpStream,
+    ) -> impl Future<Output = io::Result<(Self::Stream, Option<PeerCertificates>)>> + Send;
+}
+
+/// Plain HTTP: the TCP stream as is.
+pub(crate) struct Plain;
+
+impl Transport for Plain {
+    type Stream = TcpStream;
+    const SCHEME: &'static str = "http";
+
+    async fn handshake(&self, tcp: TcpStream) -> io::Result<(TcpStream, Option<PeerCertificates>)> {
+        Ok((tcp, None))
+    }
+}
+
+/// HTTPS with the API port's current certificate and client-certificate policy.
+pub(crate) struct Tls(pub(crate) ServingTls);
+
+impl Transport for Tls {
+    type Stream = TlsStream<TcpStream>;
+    const SCHEME: &'static str = "https";
+
+    async fn handshake(
+        &self,
+        tcp: TcpStream,
+    ) -> io::Result<(TlsStream<TcpStream>, Option<PeerCertificates>)> {
+        let stream = self.0.acceptor().accept(tcp).await?;
+        let peer = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .filter(|chain| !chain.is_empty())
+            .map(|chain| PeerCertificates(Arc::from(chain.to_vec())));
+        Ok((stream, peer))
+    }
+}
+
+/// What a listener serves: the [`Router`], or a test's own service.
+pub(crate) trait Handler:
+    Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Handler for S where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The handler behind one connection: adds what the handshake learned to every request.
+struct Connected<S> {
+    handler: S,
+    peer: Option<PeerCertificates>,
+}
+
+impl<S: Handler> Service<Request<Incoming>> for Connected<S> {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = S::Future;
+
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        if let Some(peer) = &self.peer {
+            request.extensions_mut().insert(peer.clone());
+        }
+        self.handler.call(request)
+    }
+}
+
+/// Serves `router` over plain HTTP on `listener` with the default limits until `shutdown` completes,
+/// then drains open connections.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    run(listener, Plain, router, ServeLimits::default(), shutdown).await
+}
+
+/// Serves `handler` over TLS on `listener`, following rotations of the certificate files while it
+/// runs, until `shutdown` completes; then drains open connections.
+pub(crate) async fn serve_tls(
+    listener: TcpListener,
+    tls: ServingTls,
+    handler: impl Handler,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let _watching = tls.watch();
+    run(listener, Tls(tls), handler, limits, shutdown).await
+}
+
+/// The accept loop. A connection slot is taken before accepting, so a full listener leaves new
+/// connections in the kernel backlog rather than accepting and dropping them.
+pub(crate) async fn run<T: Transport, S: Handler>(
+    listener: TcpListener,
+    transport: T,
+    handler: S,
+    limits: ServeLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let addr = listener
@@ -40,21 +191,35 @@ pub(crate) async fn serve(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(limits.header_read_timeout)
         .max_header_size(MAX_HEADER_BYTES)
         .max_buf_size(MAX_BUF_BYTES);
+    let context = Arc::new(ConnectionContext {
+        transport,
+        builder,
+        handler,
+        handshake_timeout: limits.tls_handshake_timeout,
+    });
+    let slots = Arc::new(Semaphore::new(
+        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
 
     // Dropping the sender is the stop signal: every connection's receiver sees it.
     let (stop_tx, stop_rx) = watch::channel(());
     let mut connections = JoinSet::new();
     let mut backoff = Duration::ZERO;
+    let mut full = false;
     let mut shutdown = std::pin::pin!(shutdown);
-    tracing::info!(%addr, "serving HTTP");
+    tracing::info!(%addr, scheme = T::SCHEME, "serving HTTP");
 
     let fatal = loop {
+        while connections.try_join_next().is_some() {}
+        let slot = tokio::select! {
+            () = &mut shutdown => break None,
+            slot = free_slot(&slots, &mut full, addr, limits.max_connections) => slot,
+        };
         let accepted = tokio::select! {
             () = &mut shutdown => break None,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => accepted,
         };
         match accepted {
@@ -64,8 +229,13 @@ pub(crate) async fn serve(
                 if let Err(error) = stream.set_nodelay(true) {
                     tracing::debug!(%peer, %error, "setting TCP_NODELAY");
                 }
-                let connection = builder.serve_connection(TokioIo::new(stream), router.clone());
-                connections.spawn(drive(connection, stop_rx.clone(), peer));
+                connections.spawn(connection(
+                    Arc::clone(&context),
+                    stream,
+                    peer,
+                    stop_rx.clone(),
+                    slot,
+                ));
             }
             Err(error) if is_per_connection(&error) => {
                 tracing::debug!(%addr, %error, "accepting a connection");
@@ -84,7 +254,7 @@ pub(crate) async fn serve(
 
     drop(listener);
     drop(stop_tx);
-    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+    let drained = tokio::time::timeout(limits.shutdown_grace, async {
         while connections.join_next().await.is_some() {}
     })
     .await;
@@ -93,22 +263,83 @@ pub(crate) async fn serve(
         (None, Ok(())) => Ok(()),
         (None, Err(_)) => Err(ServerError::ShutdownTimedOut {
             addr,
-            grace: SHUTDOWN_GRACE,
+            grace: limits.shutdown_grace,
             connections: connections.len(),
         }),
     };
     connections.abort_all();
-    tracing::info!(%addr, "stopped serving HTTP");
+    tracing::info!(%addr, scheme = T::SCHEME, "stopped serving HTTP");
     result
 }
 
-async fn drive<I>(
-    connection: http1::Connection<I, Router>,
-    mut stop: watch::Receiver<()>,
+/// Waits for a connection slot, saying once per busy spell that the limit was reached.
+async fn free_slot(
+    slots: &Arc<Semaphore>,
+    full: &mut bool,
+    addr: SocketAddr,
+    max_connections: usize,
+) -> OwnedSemaphorePermit {
+    if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
+        *full = false;
+        return slot;
+    }
+    if !*full {
+        *full = true;
+        tracing::warn!(
+            %addr,
+            max_connections,
+            "connection limit reached; new connections wait until one closes"
+        );
+    }
+    match Arc::clone(slots).acquire_owned().await {
+        Ok(slot) => slot,
+        // The semaphore is never closed; if it were, no slot would ever come free again.
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// What every connection of one listener shares.
+struct ConnectionContext<T, S> {
+    transport: T,
+    builder: http1::Builder,
+    handler: S,
+    handshake_timeout: Duration,
+}
+
+/// One connection's life: the transport handshake (bounded, and cut short by shutdown), then HTTP
+/// until the client leaves or shutdown asks it to finish. Holding `_slot` keeps the connection counted.
+async fn connection<T: Transport, S: Handler>(
+    context: Arc<ConnectionContext<T, S>>,
+    tcp: TcpStream,
     peer: SocketAddr,
-) where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
+    mut stop: watch::Receiver<()>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let handshake_timeout = context.handshake_timeout;
+    let handshake = tokio::time::timeout(handshake_timeout, context.transport.handshake(tcp));
+    let (stream, certificates) = tokio::select! {
+        result = handshake => match result {
+            Ok(Ok(done)) => done,
+            Ok(Err(error)) => {
+                tracing::debug!(%peer, %error, scheme = T::SCHEME, "handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, ?handshake_timeout, scheme = T::SCHEME, "handshake timed out");
+                return;
+            }
+        },
+        _ = stop.changed() => return,
+    };
+    let service = Connected {
+        handler: context.handler.clone(),
+        peer: certificates,
+    };
+    // Upgrades let exec, attach and port-forward take over the connection after their 101 response.
+    let connection = context
+        .builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
         result = connection.as_mut() => result,

@@ -6,12 +6,14 @@
 //! The caller binds the sockets (with [`bind`]) so bind errors surface at startup with the address,
 //! then runs [`serve_read_only`] / [`serve_healthz`] until its shutdown future completes.
 
+pub mod auth;
 mod healthz;
 mod listener;
 pub mod node_logs;
 mod peer;
 mod router;
 pub mod streaming;
+mod tls;
 
 use std::future::Future;
 use std::io;
@@ -24,8 +26,10 @@ use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
 
+pub use listener::ServeLimits;
 pub use peer::PeerCertificates;
 use router::{Endpoints, Router};
+pub use tls::{ServingTls, TlsError, TlsSettings};
 
 /// What the servers need from the kubelet (the kubelet's `HostInterface`, reduced to what is served).
 /// Both methods are called on request, so they should answer from in-memory state.
@@ -105,6 +109,25 @@ pub async fn serve_healthz(
     listener::serve(
         listener,
         Router::new(host, Endpoints::HealthzOnly),
+        shutdown,
+    )
+    .await
+}
+
+/// Serves the kubelet API over TLS (port 10250) on `listener` until `shutdown` completes, like
+/// [`serve_read_only`]; certificate and client-CA file changes are picked up while it runs.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: ServingTls,
+    host: Arc<dyn ServerHost>,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    listener::serve_tls(
+        listener,
+        tls,
+        Router::new(host, Endpoints::ReadOnly),
+        limits,
         shutdown,
     )
     .await

@@ -13,17 +13,9 @@ pub(super) const KIND: &str = "KubeletConfiguration";
 
 /// Fields of the real v1beta1 `KubeletConfiguration` that ringlet accepts but does not act on yet.
 const NOT_IMPLEMENTED: &[&str] = &[
-    "enableServer",
-    "podLogsDir",
-    "tlsCertFile",
-    "tlsPrivateKeyFile",
-    "tlsCipherSuites",
     "tlsCurvePreferences",
-    "tlsMinVersion",
     "rotateCertificates",
     "serverTLSBootstrap",
-    "authentication",
-    "authorization",
     "registryPullQPS",
     "registryBurst",
     "imagePullCredentialsVerificationPolicy",
@@ -34,7 +26,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "oomScoreAdj",
     "clusterDomain",
     "clusterDNS",
-    "streamingConnectionIdleTimeout",
     "nodeStatusUpdateFrequency",
     "nodeStatusReportFrequency",
     "nodeLeaseDurationSeconds",
@@ -121,6 +112,16 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "userNamespaces",
 ];
 
+/// Nested sections of the file whose fields are read one by one.
+const SECTIONS: &[&str] = &[
+    "authentication",
+    "authentication.x509",
+    "authentication.webhook",
+    "authentication.anonymous",
+    "authorization",
+    "authorization.webhook",
+];
+
 /// Values as read from the file or the flags, before defaulting and validation. `None` means "not
 /// set here": the next layer or the default decides.
 #[derive(Debug, Default, Clone)]
@@ -147,6 +148,20 @@ pub(super) struct RawConfig {
     pub run_once: Option<bool>,
     pub pleg_mode: Option<String>,
     pub pleg_relist_period: Option<Duration>,
+    pub enable_server: Option<bool>,
+    pub pod_logs_dir: Option<String>,
+    pub tls_cert_file: Option<String>,
+    pub tls_private_key_file: Option<String>,
+    pub tls_cipher_suites: Option<Vec<String>>,
+    pub tls_min_version: Option<String>,
+    pub client_ca_file: Option<String>,
+    pub anonymous_auth: Option<bool>,
+    pub webhook_authentication: Option<bool>,
+    pub webhook_authentication_cache_ttl: Option<Duration>,
+    pub authorization_mode: Option<String>,
+    pub authorization_cache_authorized_ttl: Option<Duration>,
+    pub authorization_cache_unauthorized_ttl: Option<Duration>,
+    pub streaming_connection_idle_timeout: Option<Duration>,
 }
 
 /// What reading a document produced: the values, the recognised fields ringlet ignores, and every
@@ -162,7 +177,7 @@ pub(super) struct FileContents {
 /// `port`, `maxPods`) count as unset, as with `omitempty` fields in the kubelet's decoding.
 pub(super) fn read_document(document: &Value) -> FileContents {
     let mut out = FileContents::default();
-    let Value::Mapping(mapping) = document else {
+    let Value::Mapping(_) = document else {
         out.problems.push(format!(
             "the file must be a YAML mapping with apiVersion: {API_VERSION} and kind: {KIND}, found {}",
             describe(document)
@@ -173,14 +188,42 @@ pub(super) fn read_document(document: &Value) -> FileContents {
     let mut api_version_seen = false;
     let mut kind_seen = false;
     let mut unknown = Vec::new();
-    for (key, value) in mapping {
-        let Some(key) = key.as_str() else {
-            out.problems.push(format!(
-                "field names must be strings, found {}",
-                describe(key)
-            ));
+    // Nested sections are flattened into dotted keys (`authentication.webhook.cacheTTL`), so every
+    // field, nested or not, is matched in one place and named in full in problems.
+    let mut fields: Vec<(String, &Value)> = Vec::new();
+    let mut pending: Vec<(String, &Value)> = vec![(String::new(), document)];
+    while let Some((prefix, section)) = pending.pop() {
+        let Value::Mapping(entries) = section else {
             continue;
         };
+        for (key, value) in entries {
+            let Some(key) = key.as_str() else {
+                out.problems.push(format!(
+                    "field names must be strings, found {}",
+                    describe(key)
+                ));
+                continue;
+            };
+            let dotted = if prefix.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            if SECTIONS.contains(&dotted.as_str()) {
+                match value {
+                    Value::Null | Value::Mapping(_) => pending.push((dotted, value)),
+                    other => out.problems.push(format!(
+                        "{dotted}: expected a mapping, found {}",
+                        describe(other)
+                    )),
+                }
+            } else {
+                fields.push((dotted, value));
+            }
+        }
+    }
+    for (key, value) in &fields {
+        let key = key.as_str();
         let mut reader = FieldReader {
             key,
             value,
@@ -224,6 +267,28 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             "containerRuntimeEndpoint" => raw.container_runtime_endpoint = reader.string(),
             "enableDebuggingHandlers" => raw.enable_debugging_handlers = reader.bool(),
             "runOnce" => raw.run_once = reader.bool(),
+            "enableServer" => raw.enable_server = reader.bool(),
+            "podLogsDir" => raw.pod_logs_dir = reader.string(),
+            "tlsCertFile" => raw.tls_cert_file = reader.string(),
+            "tlsPrivateKeyFile" => raw.tls_private_key_file = reader.string(),
+            "tlsCipherSuites" => raw.tls_cipher_suites = reader.string_list(),
+            "tlsMinVersion" => raw.tls_min_version = reader.string(),
+            "streamingConnectionIdleTimeout" => {
+                raw.streaming_connection_idle_timeout = reader.duration();
+            }
+            "authentication.x509.clientCAFile" => raw.client_ca_file = reader.string(),
+            "authentication.anonymous.enabled" => raw.anonymous_auth = reader.bool(),
+            "authentication.webhook.enabled" => raw.webhook_authentication = reader.bool(),
+            "authentication.webhook.cacheTTL" => {
+                raw.webhook_authentication_cache_ttl = reader.duration();
+            }
+            "authorization.mode" => raw.authorization_mode = reader.string(),
+            "authorization.webhook.cacheAuthorizedTTL" => {
+                raw.authorization_cache_authorized_ttl = reader.duration();
+            }
+            "authorization.webhook.cacheUnauthorizedTTL" => {
+                raw.authorization_cache_unauthorized_ttl = reader.duration();
+            }
             // ringlet extensions, not fields of the kubelet's KubeletConfiguration.
             "plegMode" => raw.pleg_mode = reader.string(),
             "plegRelistPeriod" => raw.pleg_relist_period = reader.duration(),
@@ -318,6 +383,28 @@ impl FieldReader<'_> {
             },
             _ => {
                 self.wrong_type("a duration string such as \"20s\"");
+                None
+            }
+        }
+    }
+
+    fn string_list(&mut self) -> Option<Vec<String>> {
+        match self.value {
+            Value::Null => None,
+            Value::Sequence(items) => {
+                let strings: Vec<String> = items
+                    .iter()
+                    .filter_map(|item| item.as_str().map(str::to_owned))
+                    .collect();
+                if strings.len() == items.len() {
+                    Some(strings)
+                } else {
+                    self.wrong_type("a list of strings");
+                    None
+                }
+            }
+            _ => {
+                self.wrong_type("a list of strings");
                 None
             }
         }

@@ -131,6 +131,70 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub pleg_relist_period: Option<Duration>,
 
+    /// Serve the kubelet API on --address:--port, e.g. --enable-server=false (config: enableServer).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub enable_server: Option<bool>,
+
+    /// Directory for container log directories (config: podLogsDir).
+    #[arg(long, value_name = "DIR")]
+    pub pod_logs_dir: Option<String>,
+
+    /// Serving certificate of the kubelet API, PEM (config: tlsCertFile).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_file: Option<String>,
+
+    /// Key of the serving certificate, PEM (config: tlsPrivateKeyFile).
+    #[arg(long, value_name = "FILE")]
+    pub tls_private_key_file: Option<String>,
+
+    /// Comma-separated TLS cipher suite names, e.g. `TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256` (config: tlsCipherSuites).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub tls_cipher_suites: Option<Vec<String>>,
+
+    /// Minimum TLS version: VersionTLS12 or VersionTLS13 (config: tlsMinVersion).
+    #[arg(long, value_name = "VERSION")]
+    pub tls_min_version: Option<String>,
+
+    /// Where a generated serving certificate goes (default `<root-dir>/pki`).
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Option<PathBuf>,
+
+    /// CA bundle that signs client certificates (config: authentication.x509.clientCAFile).
+    #[arg(long, value_name = "FILE")]
+    pub client_ca_file: Option<String>,
+
+    /// Let unauthenticated requests in as system:anonymous (config: authentication.anonymous.enabled).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub anonymous_auth: Option<bool>,
+
+    /// Check bearer tokens with TokenReviews (config: authentication.webhook.enabled).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub authentication_token_webhook: Option<bool>,
+
+    /// How long token reviews are cached (config: authentication.webhook.cacheTTL).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub authentication_token_webhook_cache_ttl: Option<Duration>,
+
+    /// AlwaysAllow or Webhook (config: authorization.mode).
+    #[arg(long, value_name = "MODE")]
+    pub authorization_mode: Option<String>,
+
+    /// How long allowed access reviews are cached (config: authorization.webhook.cacheAuthorizedTTL).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub authorization_webhook_cache_authorized_ttl: Option<Duration>,
+
+    /// How long refused access reviews are cached (config: authorization.webhook.cacheUnauthorizedTTL).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub authorization_webhook_cache_unauthorized_ttl: Option<Duration>,
+
+    /// Idle exec, attach and port-forward streams are closed after this long (config: streamingConnectionIdleTimeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub streaming_connection_idle_timeout: Option<Duration>,
+
+    /// kubeconfig naming the API server used for token and access reviews.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
     /// Dead instances to keep per container; a negative number keeps all of them.
     #[arg(
         long,
@@ -196,6 +260,41 @@ impl Flags {
             self.enable_debugging_handlers.as_ref(),
         );
         set(&mut raw.run_once, self.runonce.as_ref());
+        set(&mut raw.enable_server, self.enable_server.as_ref());
+        set(&mut raw.pod_logs_dir, self.pod_logs_dir.as_ref());
+        set(&mut raw.tls_cert_file, self.tls_cert_file.as_ref());
+        set(
+            &mut raw.tls_private_key_file,
+            self.tls_private_key_file.as_ref(),
+        );
+        set(&mut raw.tls_cipher_suites, self.tls_cipher_suites.as_ref());
+        set(&mut raw.tls_min_version, self.tls_min_version.as_ref());
+        set(&mut raw.client_ca_file, self.client_ca_file.as_ref());
+        set(&mut raw.anonymous_auth, self.anonymous_auth.as_ref());
+        set(
+            &mut raw.webhook_authentication,
+            self.authentication_token_webhook.as_ref(),
+        );
+        set(
+            &mut raw.webhook_authentication_cache_ttl,
+            self.authentication_token_webhook_cache_ttl.as_ref(),
+        );
+        set(
+            &mut raw.authorization_mode,
+            self.authorization_mode.as_ref(),
+        );
+        set(
+            &mut raw.authorization_cache_authorized_ttl,
+            self.authorization_webhook_cache_authorized_ttl.as_ref(),
+        );
+        set(
+            &mut raw.authorization_cache_unauthorized_ttl,
+            self.authorization_webhook_cache_unauthorized_ttl.as_ref(),
+        );
+        set(
+            &mut raw.streaming_connection_idle_timeout,
+            self.streaming_connection_idle_timeout.as_ref(),
+        );
         set(&mut raw.pleg_mode, self.pleg_mode.as_ref());
         set(
             &mut raw.pleg_relist_period,

@@ -6,6 +6,7 @@
 //! Every problem in the file and the flags is collected and reported in one error; fields of the real
 //! `KubeletConfiguration` that ringlet does not act on yet are accepted with one warning naming them.
 
+mod configz;
 mod duration;
 mod file;
 mod flags;
@@ -83,6 +84,50 @@ impl fmt::Display for PlegModeSetting {
     }
 }
 
+/// `authorization.mode`: who decides whether an authenticated request may proceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthorizationModeSetting {
+    /// Every authenticated request is allowed.
+    AlwaysAllow,
+    /// The API server decides through `SubjectAccessReview`s.
+    Webhook,
+}
+
+impl AuthorizationModeSetting {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AlwaysAllow => "AlwaysAllow",
+            Self::Webhook => "Webhook",
+        }
+    }
+}
+
+/// `authentication`: how clients of the kubelet API prove who they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authentication {
+    /// `x509.clientCAFile`: client certificates signed by these CAs authenticate as their subject.
+    pub x509_client_ca_file: Option<PathBuf>,
+    /// `webhook.enabled`: bearer tokens are checked with `TokenReview`s (default: on when
+    /// `--kubeconfig` names an API server).
+    pub webhook_enabled: bool,
+    /// `webhook.cacheTTL` (default 2m).
+    pub webhook_cache_ttl: Duration,
+    /// `anonymous.enabled` (default false in ringlet): unauthenticated requests proceed as
+    /// `system:anonymous`.
+    pub anonymous_enabled: bool,
+}
+
+/// `authorization`: how authenticated requests are allowed or refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorization {
+    /// `mode` (default: Webhook when `--kubeconfig` names an API server, AlwaysAllow otherwise).
+    pub mode: AuthorizationModeSetting,
+    /// `webhook.cacheAuthorizedTTL` (default 5m).
+    pub webhook_cache_authorized_ttl: Duration,
+    /// `webhook.cacheUnauthorizedTTL` (default 30s).
+    pub webhook_cache_unauthorized_ttl: Duration,
+}
+
 /// The `KubeletConfiguration` fields ringlet implements, defaulted and validated, plus ringlet's
 /// own extension fields (marked as such).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +168,25 @@ pub struct KubeletConfiguration {
     pub runtime_request_timeout: Duration,
     /// `containerRuntimeEndpoint`, always a `unix://` URL with an absolute path.
     pub container_runtime_endpoint: String,
+    /// `enableServer` (default true): serve the kubelet API on `address:port`.
+    pub enable_server: bool,
+    /// `tlsCertFile`: the serving certificate (PEM, chain allowed); generated into `<cert-dir>` when
+    /// neither it nor `tls_private_key_file` is set.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `tlsPrivateKeyFile`: the serving certificate's key.
+    pub tls_private_key_file: Option<PathBuf>,
+    /// `tlsCipherSuites`: IANA/Go names; empty for the TLS library's defaults.
+    pub tls_cipher_suites: Vec<String>,
+    /// `tlsMinVersion`: `VersionTLS12` or `VersionTLS13`; `None` for the library's minimum.
+    pub tls_min_version: Option<String>,
+    /// `authentication`.
+    pub authentication: Authentication,
+    /// `authorization`.
+    pub authorization: Authorization,
+    /// `streamingConnectionIdleTimeout` (default 4h): idle exec/attach/port-forward streams close.
+    pub streaming_connection_idle_timeout: Duration,
+    /// `podLogsDir` (default /var/log/pods): where container log directories go.
+    pub pod_logs_dir: PathBuf,
     /// `enableDebuggingHandlers` (default true).
     pub enable_debugging_handlers: bool,
     /// `runOnce` (default false).
@@ -156,6 +220,24 @@ impl Default for KubeletConfiguration {
             pods_per_core: 0,
             runtime_request_timeout: Duration::from_mins(2),
             container_runtime_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_owned(),
+            enable_server: true,
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            tls_cipher_suites: Vec::new(),
+            tls_min_version: None,
+            authentication: Authentication {
+                x509_client_ca_file: None,
+                webhook_enabled: false,
+                webhook_cache_ttl: Duration::from_mins(2),
+                anonymous_enabled: false,
+            },
+            authorization: Authorization {
+                mode: AuthorizationModeSetting::AlwaysAllow,
+                webhook_cache_authorized_ttl: Duration::from_mins(5),
+                webhook_cache_unauthorized_ttl: Duration::from_secs(30),
+            },
+            streaming_connection_idle_timeout: Duration::from_hours(4),
+            pod_logs_dir: PathBuf::from("/var/log/pods"),
             enable_debugging_handlers: true,
             run_once: false,
             pleg_mode: PlegModeSetting::Auto,
@@ -213,6 +295,11 @@ pub struct AgentConfig {
     pub events_socket: PathBuf,
     /// `--ebpf-ring-buffer-bytes`: the eBPF PLEG's ring buffer size.
     pub ebpf_ring_buffer_bytes: u32,
+    /// `--kubeconfig`: how to reach the API server (for the authentication and authorisation
+    /// webhooks); `None` for a standalone agent.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--cert-dir` (default `<root-dir>/pki`): where a generated serving certificate goes.
+    pub cert_dir: PathBuf,
 }
 
 /// Why the configuration could not be loaded.
@@ -299,7 +386,7 @@ fn resolve(
         mut problems,
     } = contents.unwrap_or_default();
     flags.overlay(&mut raw, &mut problems);
-    let kubelet = build(raw, have_file, &mut problems);
+    let kubelet = build(raw, have_file, flags.kubeconfig.is_some(), &mut problems);
 
     let node_name = hostname.trim().to_lowercase();
     if let Err(reason) = validate_node_name(&node_name) {
@@ -318,6 +405,19 @@ fn resolve(
             "--events-socket: {} must be an absolute path",
             flags.events_socket.display()
         ));
+    }
+    for (flag, path) in [
+        ("--kubeconfig", flags.kubeconfig.as_ref()),
+        ("--cert-dir", flags.cert_dir.as_ref()),
+    ] {
+        if let Some(path) = path
+            && !path.is_absolute()
+        {
+            problems.push(format!(
+                "{flag}: {} must be an absolute path",
+                path.display()
+            ));
+        }
     }
     let ring = flags.ebpf_ring_buffer_bytes;
     if !ring.is_power_of_two() || ring < 4096 {
@@ -354,14 +454,64 @@ fn resolve(
         config_file: flags.config.clone(),
         events_socket: flags.events_socket.clone(),
         ebpf_ring_buffer_bytes: flags.ebpf_ring_buffer_bytes,
+        kubeconfig: flags.kubeconfig.clone(),
+        cert_dir: flags
+            .cert_dir
+            .clone()
+            .unwrap_or_else(|| flags.root_dir.join("pki")),
     };
     Ok((config, warnings))
 }
 
 /// Applies the kubelet's defaults to the merged values and validates them, appending every problem.
 #[allow(clippy::too_many_lines)]
-fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> KubeletConfiguration {
+fn build(
+    raw: RawConfig,
+    have_file: bool,
+    have_api_server: bool,
+    problems: &mut Vec<String>,
+) -> KubeletConfiguration {
     let defaults = KubeletConfiguration::default();
+    let (tls_cert_file, tls_private_key_file) = match (
+        absolute_path(
+            raw.tls_cert_file.clone(),
+            "tlsCertFile",
+            "tls-cert-file",
+            problems,
+        ),
+        absolute_path(
+            raw.tls_private_key_file.clone(),
+            "tlsPrivateKeyFile",
+            "tls-private-key-file",
+            problems,
+        ),
+    ) {
+        (Some(cert), None) => {
+            problems.push(format!(
+                "tlsPrivateKeyFile (--tls-private-key-file): must be set with tlsCertFile {}",
+                cert.display()
+            ));
+            (None, None)
+        }
+        (None, Some(key)) => {
+            problems.push(format!(
+                "tlsCertFile (--tls-cert-file): must be set with tlsPrivateKeyFile {}",
+                key.display()
+            ));
+            (None, None)
+        }
+        pair => pair,
+    };
+    let authentication = build_authentication(&raw, &defaults, have_api_server, problems);
+    let authorization = build_authorization(&raw, &defaults, have_api_server, problems);
+    let pod_logs_dir = absolute_path(
+        raw.pod_logs_dir.clone(),
+        "podLogsDir",
+        "pod-logs-dir",
+        problems,
+    )
+    .unwrap_or_else(|| defaults.pod_logs_dir.clone());
+
     let mut problem = |field: &str, flag: &str, message: String| {
         problems.push(format!("{field} (--{flag}): {message}"));
     };
@@ -590,12 +740,110 @@ fn build(raw: RawConfig, have_file: bool, problems: &mut Vec<String>) -> Kubelet
         pods_per_core,
         runtime_request_timeout,
         container_runtime_endpoint,
+        enable_server: raw.enable_server.unwrap_or(defaults.enable_server),
+        tls_cert_file,
+        tls_private_key_file,
+        tls_cipher_suites: raw.tls_cipher_suites.unwrap_or_default(),
+        tls_min_version: raw.tls_min_version.filter(|v| !v.is_empty()),
+        authentication,
+        authorization,
+        streaming_connection_idle_timeout: raw
+            .streaming_connection_idle_timeout
+            .unwrap_or(defaults.streaming_connection_idle_timeout),
+        pod_logs_dir,
         enable_debugging_handlers: raw
             .enable_debugging_handlers
             .unwrap_or(defaults.enable_debugging_handlers),
         run_once: raw.run_once.unwrap_or(defaults.run_once),
         pleg_mode,
         pleg_relist_period: raw.pleg_relist_period.filter(|p| !p.is_zero()),
+    }
+}
+
+/// An optional path field that must be absolute when set (an empty string counts as unset).
+fn absolute_path(
+    value: Option<String>,
+    field: &str,
+    flag: &str,
+    problems: &mut Vec<String>,
+) -> Option<PathBuf> {
+    let path = PathBuf::from(value.filter(|v| !v.is_empty())?);
+    if path.is_absolute() {
+        Some(path)
+    } else {
+        problems.push(format!(
+            "{field} (--{flag}): {} must be an absolute path",
+            path.display()
+        ));
+        None
+    }
+}
+
+/// The webhook is on by default only when there is an API server to ask.
+fn build_authentication(
+    raw: &RawConfig,
+    defaults: &KubeletConfiguration,
+    have_api_server: bool,
+    problems: &mut Vec<String>,
+) -> Authentication {
+    let webhook_enabled = raw.webhook_authentication.unwrap_or(have_api_server);
+    if webhook_enabled && !have_api_server {
+        problems.push(
+            "authentication.webhook.enabled (--authentication-token-webhook): needs --kubeconfig \
+             naming the API server that reviews tokens"
+                .to_owned(),
+        );
+    }
+    Authentication {
+        x509_client_ca_file: absolute_path(
+            raw.client_ca_file.clone(),
+            "authentication.x509.clientCAFile",
+            "client-ca-file",
+            problems,
+        ),
+        webhook_enabled: webhook_enabled && have_api_server,
+        webhook_cache_ttl: raw
+            .webhook_authentication_cache_ttl
+            .unwrap_or(defaults.authentication.webhook_cache_ttl),
+        anonymous_enabled: raw
+            .anonymous_auth
+            .unwrap_or(defaults.authentication.anonymous_enabled),
+    }
+}
+
+fn build_authorization(
+    raw: &RawConfig,
+    defaults: &KubeletConfiguration,
+    have_api_server: bool,
+    problems: &mut Vec<String>,
+) -> Authorization {
+    let mode = match raw.authorization_mode.as_deref() {
+        None | Some("") if have_api_server => AuthorizationModeSetting::Webhook,
+        None | Some("" | "AlwaysAllow") => AuthorizationModeSetting::AlwaysAllow,
+        Some("Webhook") if have_api_server => AuthorizationModeSetting::Webhook,
+        Some("Webhook") => {
+            problems.push(
+                "authorization.mode (--authorization-mode): Webhook needs --kubeconfig naming the \
+                 API server that reviews access"
+                    .to_owned(),
+            );
+            AuthorizationModeSetting::AlwaysAllow
+        }
+        Some(other) => {
+            problems.push(format!(
+                "authorization.mode (--authorization-mode): {other:?} must be AlwaysAllow or Webhook"
+            ));
+            AuthorizationModeSetting::AlwaysAllow
+        }
+    };
+    Authorization {
+        mode,
+        webhook_cache_authorized_ttl: raw
+            .authorization_cache_authorized_ttl
+            .unwrap_or(defaults.authorization.webhook_cache_authorized_ttl),
+        webhook_cache_unauthorized_ttl: raw
+            .authorization_cache_unauthorized_ttl
+            .unwrap_or(defaults.authorization.webhook_cache_unauthorized_ttl),
     }
 }
 

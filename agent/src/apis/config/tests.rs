@@ -149,7 +149,7 @@ fn unknown_field_is_rejected() {
 #[test]
 fn unimplemented_fields_warn_once_listing_all() {
     let yaml = format!(
-        "{HEADER}clusterDNS: [10.0.0.10]\nauthentication:\n  anonymous:\n    enabled: false\n\
+        "{HEADER}clusterDNS: [10.0.0.10]\nrotateCertificates: true\n\
          staticPodPath: /etc/m\nevictionHard:\n  memory.available: 100Mi\n"
     );
     let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
@@ -161,7 +161,7 @@ fn unimplemented_fields_warn_once_listing_all() {
         warnings,
         vec![
             "ringlet does not implement these KubeletConfiguration fields yet: clusterDNS, \
-             authentication, evictionHard"
+             rotateCertificates, evictionHard"
                 .to_owned()
         ]
     );
@@ -453,4 +453,122 @@ fn bad_pleg_settings_are_reported() {
             "plegRelistPeriod (--pleg-relist-period): must be greater than 0".to_owned(),
         ]
     );
+}
+
+#[test]
+fn tls_and_auth_sections_from_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}tlsCertFile: /etc/ringlet/tls.crt\ntlsPrivateKeyFile: /etc/ringlet/tls.key\n\
+         tlsMinVersion: VersionTLS13\ntlsCipherSuites: [TLS_AES_128_GCM_SHA256]\n\
+         authentication:\n  x509:\n    clientCAFile: /etc/ringlet/ca.crt\n  anonymous:\n    enabled: true\n\
+         \x20 webhook:\n    enabled: true\n    cacheTTL: 10s\n\
+         authorization:\n  mode: Webhook\n  webhook:\n    cacheAuthorizedTTL: 1m\n    cacheUnauthorizedTTL: 5s\n"
+    );
+    let (config, warnings) = load_with_file(
+        &yaml,
+        &[
+            "--kubeconfig",
+            "/etc/ringlet/kubeconfig",
+            "--anonymous-auth=false",
+        ],
+    )
+    .expect("loads");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let k = &config.kubelet;
+    assert_eq!(k.tls_cert_file, Some(PathBuf::from("/etc/ringlet/tls.crt")));
+    assert_eq!(
+        k.tls_private_key_file,
+        Some(PathBuf::from("/etc/ringlet/tls.key"))
+    );
+    assert_eq!(k.tls_min_version.as_deref(), Some("VersionTLS13"));
+    assert_eq!(k.tls_cipher_suites, ["TLS_AES_128_GCM_SHA256"]);
+    assert_eq!(
+        k.authentication,
+        Authentication {
+            x509_client_ca_file: Some(PathBuf::from("/etc/ringlet/ca.crt")),
+            webhook_enabled: true,
+            webhook_cache_ttl: Duration::from_secs(10),
+            anonymous_enabled: false,
+        }
+    );
+    assert_eq!(
+        k.authorization,
+        Authorization {
+            mode: AuthorizationModeSetting::Webhook,
+            webhook_cache_authorized_ttl: Duration::from_mins(1),
+            webhook_cache_unauthorized_ttl: Duration::from_secs(5),
+        }
+    );
+    assert_eq!(
+        config.kubeconfig,
+        Some(PathBuf::from("/etc/ringlet/kubeconfig"))
+    );
+    assert_eq!(config.cert_dir, PathBuf::from("/var/lib/kubelet/pki"));
+}
+
+#[test]
+fn webhooks_default_on_only_with_an_api_server() {
+    let (standalone, _) = load_with_file(HEADER, &[]).expect("loads");
+    assert!(!standalone.kubelet.authentication.webhook_enabled);
+    assert!(!standalone.kubelet.authentication.anonymous_enabled);
+    assert_eq!(
+        standalone.kubelet.authorization.mode,
+        AuthorizationModeSetting::AlwaysAllow
+    );
+    let (attached, _) =
+        load_with_file(HEADER, &["--kubeconfig", "/etc/kubeconfig"]).expect("loads");
+    assert!(attached.kubelet.authentication.webhook_enabled);
+    assert_eq!(
+        attached.kubelet.authorization.mode,
+        AuthorizationModeSetting::Webhook
+    );
+}
+
+#[test]
+fn bad_tls_and_auth_settings_are_reported_together() {
+    let yaml = format!(
+        "{HEADER}tlsCertFile: relative.crt\nauthentication:\n  webhook:\n    enabled: true\n  \
+         x509: yes-please\n  bogus: 1\nauthorization:\n  mode: RBAC\n"
+    );
+    let problems = invalid_problems(load_with_file(&yaml, &["--cert-dir", "pki"]));
+    let all = problems.join("\n");
+    for needle in [
+        "tlsCertFile (--tls-cert-file): relative.crt must be an absolute path",
+        "authentication.webhook.enabled (--authentication-token-webhook): needs --kubeconfig",
+        "authentication.x509: expected a mapping",
+        "authentication.bogus",
+        "authorization.mode (--authorization-mode): \"RBAC\" must be AlwaysAllow or Webhook",
+        "--cert-dir: pki must be an absolute path",
+    ] {
+        assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn a_certificate_without_its_key_is_refused() {
+    let problems = invalid_problems(load([
+        "ringlet",
+        "--hostname-override",
+        "n",
+        "--tls-cert-file",
+        "/a.crt",
+    ]));
+    assert_eq!(
+        problems,
+        ["tlsPrivateKeyFile (--tls-private-key-file): must be set with tlsCertFile /a.crt"]
+    );
+}
+
+#[test]
+fn configz_output_loads_back_as_the_same_configuration() {
+    let yaml = format!(
+        "{HEADER}staticPodPath: /etc/m\nsyncFrequency: 90s\nreadOnlyPort: 10255\nplegMode: relist\n\
+         tlsCipherSuites: [TLS_AES_128_GCM_SHA256]\nauthentication:\n  anonymous:\n    enabled: true\n"
+    );
+    let (config, _) = load_with_file(&yaml, &[]).expect("loads");
+    let configz = config.kubelet.configz();
+    let written = serde_json::to_string(&configz["kubeletconfig"]).expect("json");
+    let (reloaded, warnings) = load_with_file(&written, &[]).expect("configz output loads");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(reloaded.kubelet, config.kubelet);
 }
