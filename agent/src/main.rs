@@ -1,31 +1,37 @@
 //! The `ringlet` binary (the kubelet's `cmd/kubelet`): parses flags and the `KubeletConfiguration`,
-//! builds the CRI runtime, the pod sources and the agent core, serves the read-only and healthz
-//! listeners, and runs until SIGINT/SIGTERM. Running containers are left alone on exit, so a restarted
+//! builds the CRI runtime, the pod sources and the agent core, serves the kubelet API (TLS), the
+//! read-only and healthz listeners, and runs until SIGINT/SIGTERM. Running containers are left alone on exit, so a restarted
 //! agent adopts them.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ringlet::apis::config::{self, AgentConfig, KubeletConfiguration};
+use ringlet::apis::config::{self, AgentConfig, AuthorizationModeSetting, KubeletConfiguration};
+use ringlet::apiserver::ApiServerClient;
 use ringlet::cli;
-use ringlet::cm::PodContainerManager;
-use ringlet::container::Runtime;
+use ringlet::cm::{PodContainerManager, QosClass};
+use ringlet::container::{Runtime, StreamingRuntime};
 use ringlet::ebpf;
 use ringlet::error_chain::error_chain;
 use ringlet::event_stream::{self, EventBroadcaster};
 use ringlet::events::Recorder;
-use ringlet::kubelet::{Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult};
+use ringlet::kubelet::{
+    ApiParts, Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult,
+};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
-use ringlet::server;
+use ringlet::server::auth::{AuthSettings, AuthorizationMode, KubeletAuth};
+use ringlet::server::{self, ApiServing, ServeLimits, ServingTls, TlsSettings};
+use ringlet::stats::{CgroupLayout, StatsProvider, StatsSettings};
 use tokio::sync::watch;
 
-/// Where container logs go, as with the kubelet (`/var/log/pods/<ns>_<name>_<uid>/…`).
-const POD_LOG_ROOT: &str = "/var/log/pods";
+/// The node's log directory, served under `/logs/` as the kubelet serves it.
+const NODE_LOG_DIR: &str = "/var/log";
 
 fn main() -> ExitCode {
     // `ringlet events` inspects a running agent: none of the agent's flags or config apply.
@@ -92,7 +98,9 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
     let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
-    let runtime = build_runtime(&config, &pod_cgroups, &recorder)?;
+    let runtime_manager = build_runtime(&config, &pod_cgroups, &recorder)?;
+    let runtime: Arc<dyn Runtime> = runtime_manager.clone();
+    let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
     let (updates, sources_ready) = podconfig::start(
         PodConfigOptions {
             node_name: config.node_name.clone(),
@@ -131,7 +139,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
             pleg_relist_period: kc.pleg_relist_period,
         },
         runtime,
-        pod_cgroups,
+        Arc::clone(&pod_cgroups),
         recorder,
         pleg_hints,
         metrics,
@@ -146,7 +154,18 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         return Ok(report_run_once(&results));
     }
 
-    let (stop_servers, mut servers) = start_servers(kc, kubelet.server_host()).await?;
+    let api_serving = if kc.enable_server {
+        Some(api_serving(&config)?)
+    } else {
+        None
+    };
+    let host = kubelet.server_host(ApiParts {
+        streaming,
+        stats: stats_provider(&config, &pod_cgroups)?,
+        configz: kc.configz(),
+        node_log_dir: PathBuf::from(NODE_LOG_DIR),
+    });
+    let (stop_servers, mut servers) = start_servers(kc, api_serving, host).await?;
     let mut stopped = stop_servers.subscribe();
     servers.push(tokio::spawn(serve_events(
         config.events_socket.clone(),
@@ -187,13 +206,13 @@ fn build_runtime(
     config: &AgentConfig,
     pod_cgroups: &Arc<PodContainerManager>,
     recorder: &Recorder,
-) -> anyhow::Result<Arc<dyn Runtime>> {
+) -> anyhow::Result<Arc<KubeGenericRuntimeManager>> {
     let kc = &config.kubelet;
     let helper = Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
         host_ip: ringlet::kubelet::node_ip().to_string(),
         root_dir: config.root_dir.clone(),
-        pod_log_root: PathBuf::from(POD_LOG_ROOT),
+        pod_log_root: kc.pod_logs_dir.clone(),
         pod_cgroups: Arc::clone(pod_cgroups),
     });
     let cri = CriClient::new(&kc.container_runtime_endpoint, kc.runtime_request_timeout)
@@ -207,6 +226,94 @@ fn build_runtime(
             ..RuntimeSettings::default()
         },
     )))
+}
+
+/// TLS and authentication for the kubelet API; any problem (a bad certificate, an unreachable
+/// kubeconfig) stops the agent at startup with the reason.
+fn api_serving(config: &AgentConfig) -> anyhow::Result<ApiServing> {
+    let kc = &config.kubelet;
+    let mut addresses: Vec<IpAddr> = vec![ringlet::kubelet::node_ip()];
+    if !kc.address.is_unspecified() && !addresses.contains(&kc.address) {
+        addresses.push(kc.address);
+    }
+    let tls = ServingTls::load(&TlsSettings {
+        cert_file: kc.tls_cert_file.clone(),
+        private_key_file: kc.tls_private_key_file.clone(),
+        cert_dir: config.cert_dir.clone(),
+        node_name: config.node_name.clone(),
+        addresses,
+        min_version: kc.tls_min_version.clone(),
+        cipher_suites: kc.tls_cipher_suites.clone(),
+        client_ca_file: kc.authentication.x509_client_ca_file.clone(),
+    })
+    .map_err(|err| {
+        anyhow::anyhow!(
+            "cannot set up TLS for the kubelet API: {}",
+            error_chain(&err)
+        )
+    })?;
+    let api_server = config
+        .kubeconfig
+        .as_deref()
+        .map(ApiServerClient::from_kubeconfig)
+        .transpose()
+        .map_err(|err| anyhow::anyhow!("cannot use --kubeconfig: {}", error_chain(&err)))?;
+    let authentication = &kc.authentication;
+    let authorization = match kc.authorization.mode {
+        AuthorizationModeSetting::AlwaysAllow => AuthorizationMode::AlwaysAllow,
+        AuthorizationModeSetting::Webhook => AuthorizationMode::Webhook {
+            cache_authorized_ttl: kc.authorization.webhook_cache_authorized_ttl,
+            cache_unauthorized_ttl: kc.authorization.webhook_cache_unauthorized_ttl,
+        },
+    };
+    let auth = KubeletAuth::new(
+        AuthSettings {
+            anonymous_enabled: authentication.anonymous_enabled,
+            webhook_authentication: authentication
+                .webhook_enabled
+                .then_some(authentication.webhook_cache_ttl),
+            authorization,
+            node_name: config.node_name.clone(),
+        },
+        api_server,
+    )
+    .map_err(|err| anyhow::anyhow!("cannot set up kubelet API authentication: {err}"))?;
+    if authentication.x509_client_ca_file.is_none()
+        && !authentication.webhook_enabled
+        && !authentication.anonymous_enabled
+    {
+        tracing::warn!(
+            "the kubelet API accepts no client: set authentication.x509.clientCAFile, \
+             --kubeconfig (token webhook) or authentication.anonymous.enabled"
+        );
+    }
+    Ok(ApiServing {
+        tls,
+        auth,
+        debugging_handlers: kc.enable_debugging_handlers,
+        limits: ServeLimits::default(),
+    })
+}
+
+/// The Summary API's provider, reading the cgroups the pod container manager lays out.
+fn stats_provider(
+    config: &AgentConfig,
+    pod_cgroups: &PodContainerManager,
+) -> anyhow::Result<StatsProvider> {
+    let kc = &config.kubelet;
+    let layout = CgroupLayout::detect()
+        .map_err(|err| anyhow::anyhow!("cannot find the cgroup mounts for stats: {err}"))?;
+    let mut settings = StatsSettings::new(config.node_name.clone(), layout);
+    settings.root_dir.clone_from(&config.root_dir);
+    settings.pod_log_root.clone_from(&kc.pod_logs_dir);
+    settings.cgroup_driver = kc.cgroup_driver;
+    settings.cgroups_per_qos = kc.cgroups_per_qos;
+    settings.pods_cgroup = Some(
+        pod_cgroups
+            .qos_cgroup_name(QosClass::Guaranteed)
+            .to_driver_path(kc.cgroup_driver),
+    );
+    Ok(StatsProvider::new(settings))
 }
 
 /// Prints one line per pod and a summary; fails when any pod failed.
@@ -235,10 +342,11 @@ fn report_run_once(results: &[RunPodResult]) -> ExitCode {
 
 type ServerTasks = Vec<tokio::task::JoinHandle<anyhow::Result<()>>>;
 
-/// Binds the healthz and read-only listeners (a bind error is fatal) and serves them until the
-/// returned sender says stop.
+/// Binds the kubelet API, healthz and read-only listeners (a bind error is fatal) and serves them
+/// until the returned sender says stop.
 async fn start_servers(
     kc: &KubeletConfiguration,
+    api: Option<ApiServing>,
     host: Arc<KubeletServerHost>,
 ) -> anyhow::Result<(watch::Sender<bool>, ServerTasks)> {
     let (stop_servers, servers_stopped) = watch::channel(false);
@@ -253,6 +361,13 @@ async fn start_servers(
         let listener = server::bind(addr).await?;
         tracing::info!(%addr, "serving healthz");
         let serving = server::serve_healthz(listener, host.clone(), shutdown());
+        servers.push(tokio::spawn(async move { Ok(serving.await?) }));
+    }
+    if let Some(serving) = api {
+        let addr = kc.server_addr();
+        let listener = server::bind(addr).await?;
+        tracing::info!(%addr, "serving the kubelet API over TLS");
+        let serving = server::serve_api(listener, serving, host.clone(), shutdown());
         servers.push(tokio::spawn(async move { Ok(serving.await?) }));
     }
     if let Some(addr) = kc.read_only_addr() {

@@ -18,11 +18,12 @@ use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
 use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
-use ringlet::kubelet::{Kubelet, KubeletSettings, NodeHelper};
+use ringlet::kubelet::{ApiParts, Kubelet, KubeletSettings, NodeHelper};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server::{self, ServerHost};
+use ringlet::stats::{CgroupLayout, StatsProvider, StatsSettings};
 use ringlet_proto::runtime::v1 as cri;
 use support::fake_cri::FakeCri;
 use tempfile::TempDir;
@@ -92,12 +93,13 @@ impl Agent {
         });
         let cri = CriClient::new(&fake.endpoint(), Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("creating the CRI client: {e}"));
-        let runtime: Arc<dyn Runtime> = Arc::new(KubeGenericRuntimeManager::new(
+        let manager = Arc::new(KubeGenericRuntimeManager::new(
             cri,
             helper,
             recorder.clone(),
             RuntimeSettings::default(),
         ));
+        let runtime: Arc<dyn Runtime> = manager.clone();
         let (updates, sources_ready) = podconfig::start(
             PodConfigOptions {
                 node_name: NODE.to_owned(),
@@ -119,13 +121,24 @@ impl Agent {
                 pleg_relist_period: Some(Duration::from_millis(100)),
             },
             runtime,
-            pod_cgroups,
+            Arc::clone(&pod_cgroups),
             recorder,
             None,
             Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
             EventBroadcaster::default(),
         );
-        let host: Arc<dyn ServerHost> = kubelet.server_host();
+        let stats = StatsProvider::new(StatsSettings::new(
+            NODE,
+            CgroupLayout::V2 {
+                root: root.path().join("cgroup"),
+            },
+        ));
+        let host: Arc<dyn ServerHost> = kubelet.server_host(ApiParts {
+            streaming: manager,
+            stats,
+            configz: serde_json::Value::Null,
+            node_log_dir: root.path().join("log"),
+        });
         before_run(&fake);
         let kubelet = tokio::spawn(kubelet.run(updates, sources_ready));
         Self {

@@ -320,7 +320,9 @@ impl Agent {
                 "--address",
                 "127.0.0.1",
                 "--client-ca-file",
-                &ClientIdentity::ca_file(self.dir.path()).display().to_string(),
+                &ClientIdentity::ca_file(self.dir.path())
+                    .display()
+                    .to_string(),
                 "--container-runtime-endpoint",
                 &format!("unix://{CONTAINERD_SOCKET}"),
                 "--events-socket",
@@ -372,7 +374,11 @@ impl Agent {
         command.arg(self.serving_cert());
         if as_client {
             let identity = ClientIdentity::paths(self.dir.path());
-            command.arg("--cert").arg(identity.0).arg("--key").arg(identity.1);
+            command
+                .arg("--cert")
+                .arg(identity.0)
+                .arg("--key")
+                .arg(identity.1);
         }
         command
     }

@@ -248,7 +248,11 @@ fn node_logs_refuse_traversal_and_debugging_can_be_switched_off() -> Result<()> 
     let agent = Agent::start("api-nodelogs", AgentOptions::default())?;
     let (code, listing) = agent.api_get("/logs/")?;
     assert_eq!(code, 200, "{listing}");
-    for attack in ["/logs/../etc/passwd", "/logs/%2e%2e/etc/passwd", "/logs/..%2fetc/passwd"] {
+    for attack in [
+        "/logs/../etc/passwd",
+        "/logs/%2e%2e/etc/passwd",
+        "/logs/..%2fetc/passwd",
+    ] {
         let (code, body) = agent.api_get(attack)?;
         assert!(
             code == 400 || code == 404,
@@ -293,15 +297,14 @@ fn hostile_clients_do_not_stop_the_api() -> Result<()> {
     let mut slow = TcpStream::connect(("127.0.0.1", agent.read_only_port))?;
     slow.write_all(b"GET /pods HTTP/1.1\r\nHost: x\r\n")?;
     // An oversized header.
-    let (code, _) = {
-        let mut command = agent.curl(true);
-        command
-            .args(["-o", "/dev/null", "-w", "%{http_code}", "-H"])
-            .arg(format!("X-Big: {}", "a".repeat(2 << 20)))
-            .arg(format!("https://127.0.0.1:{}/pods", agent.api_port));
-        let out = command.output()?;
-        (String::from_utf8_lossy(&out.stdout).trim().to_owned(), ())
-    };
+    let mut oversized = agent.curl(true);
+    oversized
+        .args(["-o", "/dev/null", "-w", "%{http_code}", "-H"])
+        .arg(format!("X-Big: {}", "a".repeat(2 << 20)))
+        .arg(format!("https://127.0.0.1:{}/pods", agent.api_port));
+    let code = String::from_utf8_lossy(&oversized.output()?.stdout)
+        .trim()
+        .to_owned();
     assert!(
         code == "431" || code == "400" || code == "000",
         "oversized header answered {code}"

@@ -326,7 +326,6 @@ fn metric(
     }
 }
 
-
 /// A Prometheus histogram read from the text format: cumulative counts per upper bound.
 #[derive(Debug, Default, PartialEq)]
 struct Histogram {
@@ -705,5 +704,4 @@ ringlet_pleg_event_latency_seconds_count 10
         assert!((delta.quantile(0.5) - 0.005).abs() < 1e-12);
         assert!(delta.quantile(0.99).is_infinite());
     }
-
-    }
+}

@@ -296,6 +296,10 @@ fn write_report(root: &Path, report: &Report) -> Result<()> {
     }
     let md_path = out_dir.join("server.md");
     fs::write(&md_path, &md)?;
-    println!("{md}\nwrote {} and {}", json_path.display(), md_path.display());
+    println!(
+        "{md}\nwrote {} and {}",
+        json_path.display(),
+        md_path.display()
+    );
     Ok(())
 }

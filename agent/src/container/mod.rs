@@ -5,6 +5,7 @@
 mod cache;
 mod ids;
 mod runtime;
+mod streaming;
 
 pub use cache::PodCache;
 pub use ids::{ContainerId, PodUid, SandboxId};
@@ -13,3 +14,4 @@ pub use runtime::{
     RunningSandbox, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus, SandboxState,
     SandboxStatus, SyncAction, SyncFailure, SyncResult,
 };
+pub use streaming::{ExecRequest, StreamOptions, StreamingRuntime};

@@ -38,7 +38,7 @@ pub use node_ip::node_ip;
 pub use pod_manager::{PodManager, pod_uid};
 pub use runonce::RunPodResult;
 pub use runtime_state::RuntimeState;
-pub use server_host::{KubeletServerHost, NodeHelper};
+pub use server_host::{ApiParts, KubeletServerHost, NodeHelper};
 
 use housekeeping::Housekeeping;
 use runtime_state::RUNTIME_UP_PERIOD;
@@ -81,6 +81,8 @@ pub struct Kubelet {
     syncer: Arc<KubeletSyncer>,
     metrics: Metrics,
     latency: LatencyTracker,
+    cache: Arc<PodCache>,
+    pod_cgroups: Arc<PodContainerManager>,
 }
 
 impl Kubelet {
@@ -131,14 +133,14 @@ impl Kubelet {
         let queue = Arc::new(WorkQueue::default());
         let workers = PodWorkers::new(
             Arc::clone(&syncer) as Arc<dyn crate::pod_workers::PodSyncer>,
-            cache,
+            Arc::clone(&cache),
             Arc::clone(&queue),
             settings.sync_frequency,
             SYNC_BACKOFF_PERIOD,
         );
         let housekeeping = Housekeeping::new(
             Arc::clone(&runtime),
-            pod_cgroups,
+            Arc::clone(&pod_cgroups),
             settings.max_dead_containers_per_container,
         );
         Self {
@@ -157,12 +159,18 @@ impl Kubelet {
             syncer,
             metrics,
             latency,
+            cache,
+            pod_cgroups,
         }
     }
 
-    /// What the HTTP servers need to answer `/pods` and `/healthz`.
-    pub fn server_host(&self) -> Arc<KubeletServerHost> {
+    /// What the HTTP servers need: the core's state plus what `api` adds for the kubelet API.
+    pub fn server_host(&self, api: ApiParts) -> Arc<KubeletServerHost> {
         Arc::new(KubeletServerHost {
+            runtime: Arc::clone(&self.runtime),
+            cache: Arc::clone(&self.cache),
+            pod_cgroups: Arc::clone(&self.pod_cgroups),
+            api,
             pods: self.pods.clone(),
             status: self.status.clone(),
             runtime_state: self.runtime_state.clone(),

@@ -9,15 +9,15 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::cm::PodContainerManager;
+use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{
-    ContainerState, PodStatus, PodUid, Runtime, SandboxId, SandboxState, StreamingRuntime,
+    ContainerState, PodCache, PodStatus, PodUid, Runtime, SandboxId, SandboxState, StreamingRuntime,
 };
 use crate::kuberuntime::RuntimeHelper;
 use crate::metrics::Metrics;
 use crate::pleg::PlegHandle;
 use crate::server::{FoundContainer, HealthCheck, HostError, PodRef, ServerHost};
-use crate::stats::{StatsProvider, Summary};
+use crate::stats::{PodStatsInput, StatsProvider, Summary};
 use crate::status::StatusManager;
 
 use super::{PodManager, RuntimeState, pod_uid};
@@ -54,6 +54,8 @@ pub struct KubeletServerHost {
     pub sync_loop_threshold: Duration,
     pub metrics: Metrics,
     pub runtime: Arc<dyn Runtime>,
+    /// The PLEG's pod cache: the runtime's view of each pod, kept fresh by the PLEG.
+    pub cache: Arc<PodCache>,
     pub pod_cgroups: Arc<PodContainerManager>,
     pub api: ApiParts,
 }
@@ -81,8 +83,9 @@ impl KubeletServerHost {
 
     async fn runtime_status(&self, pod: &PodRef<'_>) -> Result<PodStatus, HostError> {
         let desired = self.desired_pod(pod)?;
-        let uid = pod_uid(&desired)
-            .ok_or_else(|| HostError::NotFound(format!("pod {}/{} has no UID", pod.namespace, pod.name)))?;
+        let uid = pod_uid(&desired).ok_or_else(|| {
+            HostError::NotFound(format!("pod {}/{} has no UID", pod.namespace, pod.name))
+        })?;
         self.runtime
             .get_pod_status(&uid, pod.name, pod.namespace)
             .await
@@ -135,11 +138,10 @@ impl ServerHost for KubeletServerHost {
     }
 
     async fn running_pods(&self) -> Result<Vec<Pod>, HostError> {
-        let running = self
-            .runtime
-            .get_pods(false)
-            .await
-            .map_err(|error| HostError::Unavailable(format!("listing running pods: {error}")))?;
+        let running =
+            self.runtime.get_pods(false).await.map_err(|error| {
+                HostError::Unavailable(format!("listing running pods: {error}"))
+            })?;
         Ok(running
             .into_iter()
             .map(|pod| Pod {
@@ -166,12 +168,7 @@ impl ServerHost for KubeletServerHost {
     }
 
     async fn stats_summary(&self) -> Result<Summary, HostError> {
-        let running = self
-            .runtime
-            .get_pods(false)
-            .await
-            .map_err(|error| HostError::Unavailable(format!("listing running pods: {error}")))?;
-        let inputs = stats_inputs(&self.pods, &self.pod_cgroups, running);
+        let inputs = stats_inputs(&self.pods, &self.cache, &self.pod_cgroups);
         let stats = self.api.stats.clone();
         tokio::task::spawn_blocking(move || stats.summary(&inputs))
             .await
@@ -225,6 +222,28 @@ impl ServerHost for KubeletServerHost {
                 ))
             })
     }
+}
+
+/// What the stats provider reads for each desired pod the PLEG has seen: its containers from the
+/// pod cache and its cgroup from the pod container manager.
+fn stats_inputs(
+    pods: &PodManager,
+    cache: &PodCache,
+    pod_cgroups: &PodContainerManager,
+) -> Vec<PodStatsInput> {
+    pods.pods()
+        .iter()
+        .filter_map(|pod| {
+            let uid = pod_uid(pod)?;
+            let status = cache.get(&uid)?;
+            let cgroup = pod_cgroups.cgroup_parent_for(&uid, qos_class(pod));
+            let mut input = PodStatsInput::from_runtime(&status, cgroup);
+            if let Some(started) = pod.status.as_ref().and_then(|s| s.start_time.as_ref()) {
+                input.start_time = started.0;
+            }
+            Some(input)
+        })
+        .collect()
 }
 
 /// Node facts the CRI runtime manager needs to build sandbox and container configs.

@@ -363,6 +363,32 @@ impl CriClient {
         )
     }
 
+    /// Prepares an interactive exec session; returns its URL on the runtime's streaming server.
+    pub async fn exec(&self, request: cri::ExecRequest) -> Result<String, CriError> {
+        let response = call!(self, runtime, exec, "Exec", request)?;
+        Ok(response.url)
+    }
+
+    /// Prepares an attach session to a container's main process; returns its URL.
+    pub async fn attach(&self, request: cri::AttachRequest) -> Result<String, CriError> {
+        let response = call!(self, runtime, attach, "Attach", request)?;
+        Ok(response.url)
+    }
+
+    /// Prepares a port-forward session into a sandbox's network namespace; returns its URL.
+    pub async fn port_forward(
+        &self,
+        sandbox_id: &str,
+        ports: Vec<i32>,
+    ) -> Result<String, CriError> {
+        let request = cri::PortForwardRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+            port: ports,
+        };
+        let response = call!(self, runtime, port_forward, "PortForward", request)?;
+        Ok(response.url)
+    }
+
     pub async fn list_images(
         &self,
         filter: Option<cri::ImageFilter>,
@@ -493,6 +519,28 @@ mod tests {
                 timeout_ms: 2000
             }
         ));
+    }
+
+    #[test]
+    fn stream_requests_use_upstream_field_numbers() {
+        use prost::Message;
+        // Attach orders its flags differently from Exec upstream: a slip here swaps streams.
+        let attach = cri::AttachRequest {
+            stdout: true,
+            ..cri::AttachRequest::default()
+        };
+        assert_eq!(attach.encode_to_vec(), [4 << 3, 1]);
+        let exec = cri::ExecRequest {
+            stdout: true,
+            ..cri::ExecRequest::default()
+        };
+        assert_eq!(exec.encode_to_vec(), [5 << 3, 1]);
+        let forward = cri::PortForwardRequest {
+            port: vec![80],
+            ..cri::PortForwardRequest::default()
+        };
+        // Field 2, packed (length-delimited): one byte of varints.
+        assert_eq!(forward.encode_to_vec(), [(2 << 3) | 2, 1, 80]);
     }
 
     #[tokio::test]

@@ -10,10 +10,12 @@ pub mod cri;
 mod gc;
 pub mod images;
 pub mod labels;
+pub mod logs;
 pub mod sandbox;
 #[cfg(test)]
 mod smoke_tests;
 mod status;
+mod streaming;
 mod sync;
 
 use std::collections::HashSet;

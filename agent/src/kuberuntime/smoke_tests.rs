@@ -17,7 +17,7 @@ use super::{CriClient, KubeGenericRuntimeManager, RuntimeHelper, RuntimeSettings
 use crate::container::{ContainerState, PodStatus, PodUid, Runtime, SandboxState};
 use crate::events::Recorder;
 
-const SOCKET: &str = "/run/containerd/containerd.sock";
+pub(super) const SOCKET: &str = "/run/containerd/containerd.sock";
 
 struct Helper {
     root: PathBuf,
@@ -68,7 +68,7 @@ fn container(name: &str, script: &str) -> Container {
     }
 }
 
-async fn status_when(
+pub(super) async fn status_when(
     manager: &KubeGenericRuntimeManager,
     uid: &PodUid,
     done: impl Fn(&PodStatus) -> bool,
@@ -96,7 +96,7 @@ fn remove_cgroups(uid: &str) {
     }
 }
 
-fn manager(root: &Path) -> KubeGenericRuntimeManager {
+pub(super) fn manager(root: &Path) -> KubeGenericRuntimeManager {
     let cri = CriClient::new(&format!("unix://{SOCKET}"), Duration::from_secs(30)).unwrap();
     KubeGenericRuntimeManager::new(
         cri,
@@ -110,7 +110,7 @@ fn manager(root: &Path) -> KubeGenericRuntimeManager {
 
 /// Removes the pod's sandboxes (and with them its containers). Global garbage collection would
 /// also touch other ringlet pods on this shared runtime.
-async fn remove_pod(manager: &KubeGenericRuntimeManager, uid: &PodUid) {
+pub(super) async fn remove_pod(manager: &KubeGenericRuntimeManager, uid: &PodUid) {
     let pods = manager.get_pods(true).await.unwrap();
     for pod in pods.iter().filter(|p| &p.uid == uid) {
         for sandbox in &pod.sandboxes {

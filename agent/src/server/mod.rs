@@ -9,11 +9,15 @@
 //! completes.
 
 pub mod auth;
+#[cfg(test)]
+mod fake_host;
 mod healthz;
 mod listener;
+pub mod node_logs;
 mod peer;
 mod router;
 mod routes;
+pub(crate) mod streaming;
 mod tls;
 
 use std::future::Future;

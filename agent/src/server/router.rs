@@ -5,15 +5,16 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderValue, LOCATION, X_CONTENT_TYPE_OPTIONS};
 use http::{Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use k8s_openapi::List;
@@ -22,24 +23,26 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
 use super::auth::KubeletAuth;
 use super::healthz::{self, RootQuery};
+use super::node_logs::{self, NodeLogTarget};
 use super::routes::{ContainerPath, Endpoints, PodPath, Resolved, Route, StreamKind};
-use super::{HostError, PodRef, ServerHost, node_logs, streaming};
-use crate::container::RuntimeError;
+use super::{HostError, PodRef, ServerHost, streaming};
+use crate::container::{ExecRequest, RuntimeError, StreamOptions};
 use crate::kuberuntime::logs::{self, LogOptions};
 use crate::stats;
 
 /// Every response body: whole buffers for most routes, streams for followed logs and upgrades.
-pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// A response body holding one buffer.
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
-        .boxed()
+        .boxed_unsync()
 }
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 const APPLICATION_JSON: &str = "application/json";
+const TEXT_HTML: &str = "text/html; charset=utf-8";
 /// How long `/run` waits for its command.
 const RUN_TIMEOUT: Duration = Duration::from_mins(1);
 /// `/metrics/probes`: ringlet runs no probes yet, so the family is declared without samples.
@@ -143,7 +146,7 @@ impl Router {
                 }
             }
             Route::ContainerLogs(target) => self.container_logs(&target, query).await,
-            Route::NodeLogs(rest) => node_logs::serve(self.host.node_log_dir(), rest).await,
+            Route::NodeLogs(rest) => node_log(self.host.node_log_dir(), &path, rest).await,
             Route::Stream(kind, target) => {
                 let target = OwnedContainer::from(&target);
                 self.stream(kind, &target, request).await
@@ -195,7 +198,7 @@ impl Router {
         target: &ContainerPath<'_>,
         query: Option<&str>,
     ) -> Response<Body> {
-        let options = match LogOptions::from_query(query, SystemTime::now()) {
+        let options = match LogOptions::from_query(query, jiff::Timestamp::now()) {
             Ok(options) => options,
             Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
         };
@@ -212,27 +215,38 @@ impl Router {
             Err(error) => {
                 return text(
                     StatusCode::NOT_FOUND,
-                    format!("no log file for container {:?}: {error}\n", target.container),
+                    format!(
+                        "no log file for container {:?}: {error}\n",
+                        target.container
+                    ),
                 );
             }
         };
         let host = Arc::clone(&self.host);
-        let pod = OwnedPod::from(&target.pod);
-        let container = target.container.to_owned();
         let id = found.id.clone();
         let still_running = move || {
             let host = Arc::clone(&host);
-            let pod = pod.clone();
-            let container = container.clone();
             let id = id.clone();
             async move {
-                host.container(&pod.as_ref(), &container, false)
+                host.streaming()
+                    .container_running(&id)
                     .await
-                    .is_ok_and(|now| now.id == id && now.running)
+                    .unwrap_or(false)
             }
         };
-        let stream = logs::read_logs(path, options, found.running, still_running);
-        let mut response = Response::new(BodyExt::boxed(StreamBody::new(
+        let stream = match logs::open_logs(path, options, still_running).await {
+            Ok(stream) => stream,
+            Err(error) => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "reading the log of container {:?}: {error}\n",
+                        target.container
+                    ),
+                );
+            }
+        };
+        let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(
             stream.map_ok(Frame::data),
         )));
         response
@@ -249,9 +263,16 @@ impl Router {
         target: &OwnedContainer,
         request: Request<Incoming>,
     ) -> Response<Body> {
-        let options = match streaming::exec_request_from_query(request.uri().query()) {
-            Ok(options) => options,
-            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+        let query = request.uri().query();
+        let parsed = match kind {
+            StreamKind::Exec => streaming::exec_request_from_query(query).map(StreamRequest::Exec),
+            StreamKind::Attach => {
+                streaming::stream_options_from_query(query).map(StreamRequest::Attach)
+            }
+        };
+        let parsed = match parsed {
+            Ok(parsed) => parsed,
+            Err(error) => return text(error.http_status(), format!("{error}\n")),
         };
         let found = match self
             .host
@@ -268,9 +289,9 @@ impl Router {
             Err(error) => return host_error(&error),
         };
         let runtime = self.host.streaming();
-        let url = match kind {
-            StreamKind::Exec => runtime.get_exec(&found.id, options).await,
-            StreamKind::Attach => runtime.get_attach(&found.id, options).await,
+        let url = match parsed {
+            StreamRequest::Exec(exec) => runtime.get_exec(&found.id, exec).await,
+            StreamRequest::Attach(streams) => runtime.get_attach(&found.id, streams).await,
         };
         match url {
             Ok(url) => streaming::proxy_to_runtime(request, &url).await,
@@ -282,7 +303,7 @@ impl Router {
     async fn port_forward(&self, pod: &OwnedPod, request: Request<Incoming>) -> Response<Body> {
         let ports = match streaming::ports_from_query(request.uri().query()) {
             Ok(ports) => ports,
-            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+            Err(error) => return text(error.http_status(), format!("{error}\n")),
         };
         let sandbox = match self.host.sandbox(&pod.as_ref()).await {
             Ok(sandbox) => sandbox,
@@ -344,6 +365,60 @@ impl hyper::service::Service<Request<Incoming>> for Router {
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let router = self.clone();
         Box::pin(async move { Ok(router.handle(request).await) })
+    }
+}
+
+/// A parsed `/exec` or `/attach` query.
+enum StreamRequest {
+    Exec(ExecRequest),
+    Attach(StreamOptions),
+}
+
+/// `/logs/<rest>`: a file of the node's log directory, or a listing of one of its directories.
+/// Directory URLs without a trailing slash are redirected to one, because the listing's links are
+/// relative.
+async fn node_log(root: &Path, path: &str, rest: &str) -> Response<Body> {
+    let root = root.to_path_buf();
+    let request = rest.to_owned();
+    let resolved = tokio::task::spawn_blocking(move || node_logs::resolve(&root, &request)).await;
+    match resolved {
+        Ok(Ok(NodeLogTarget::File(file))) => match tokio::fs::File::open(&file).await {
+            Ok(opened) => {
+                let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(
+                    node_logs::file_stream(opened).map_ok(Frame::data),
+                )));
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
+                response
+            }
+            Err(error) => text(
+                StatusCode::NOT_FOUND,
+                format!("opening {}: {error}\n", file.display()),
+            ),
+        },
+        Ok(Ok(NodeLogTarget::Directory { .. })) if !path.ends_with('/') => {
+            let mut response = text(StatusCode::MOVED_PERMANENTLY, String::new());
+            if let Ok(location) = HeaderValue::from_str(&format!("{path}/")) {
+                response.headers_mut().insert(LOCATION, location);
+            }
+            response
+        }
+        Ok(Ok(NodeLogTarget::Directory { entries, .. })) => {
+            let mut response = Response::new(full(node_logs::render_listing(&entries)));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_HTML));
+            response
+        }
+        Ok(Err(error)) => text(error.http_status(), format!("{error}\n")),
+        Err(error) => {
+            tracing::error!(%error, "resolving a node log path");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "resolving the log path: internal error\n".to_owned(),
+            )
+        }
     }
 }
 

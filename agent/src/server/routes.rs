@@ -247,12 +247,15 @@ mod tests {
         );
         assert!(matches!(
             route(API, "/attach/ns/web/app"),
-            Some(Route::Stream(StreamKind::Attach, ContainerPath { container: "app", .. }))
+            Some(Route::Stream(
+                StreamKind::Attach,
+                ContainerPath {
+                    container: "app",
+                    ..
+                }
+            ))
         ));
-        assert!(matches!(
-            route(API, "/run/ns/web/app"),
-            Some(Route::Run(_))
-        ));
+        assert!(matches!(route(API, "/run/ns/web/app"), Some(Route::Run(_))));
         assert!(matches!(
             route(API, "/portForward/ns/web"),
             Some(Route::PortForward(PodPath { uid: None, .. }))
@@ -313,18 +316,32 @@ mod tests {
 
     #[test]
     fn listeners_expose_their_own_routes() {
-        for path in ["/pods", "/metrics", "/metrics/resource", "/stats/summary", "/healthz"] {
+        for path in [
+            "/pods",
+            "/metrics",
+            "/metrics/resource",
+            "/stats/summary",
+            "/healthz",
+        ] {
             assert!(route(Endpoints::ReadOnly, path).is_some(), "{path}");
         }
         for path in ["/configz", "/runningpods/", "/exec/ns/web/app", "/logs/"] {
-            assert_eq!(Endpoints::ReadOnly.resolve(path), Resolved::NotFound, "{path}");
+            assert_eq!(
+                Endpoints::ReadOnly.resolve(path),
+                Resolved::NotFound,
+                "{path}"
+            );
         }
         assert_eq!(
             route(Endpoints::HealthzOnly, "/healthz/pleg"),
             Some(Route::HealthzCheck("pleg"))
         );
         for path in ["/pods", "/metrics", "/stats/summary"] {
-            assert_eq!(Endpoints::HealthzOnly.resolve(path), Resolved::NotFound, "{path}");
+            assert_eq!(
+                Endpoints::HealthzOnly.resolve(path),
+                Resolved::NotFound,
+                "{path}"
+            );
         }
     }
 

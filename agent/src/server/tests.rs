@@ -9,94 +9,14 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::List;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::fake_host::{FakeHost, Gate};
 use super::*;
-
-/// Makes `pods()` block until the test lets it go, to hold a request in flight.
-struct Gate {
-    entered: Mutex<Option<oneshot::Sender<()>>>,
-    release: Mutex<mpsc::Receiver<()>>,
-}
-
-struct FakeHost {
-    pods: Vec<Pod>,
-    checks: Mutex<Vec<HealthCheck>>,
-    gate: Option<Gate>,
-    metrics: Metrics,
-}
-
-impl ServerHost for FakeHost {
-    fn pods(&self) -> Vec<Pod> {
-        if let Some(gate) = &self.gate {
-            if let Some(entered) = gate.entered.lock().unwrap().take() {
-                entered.send(()).unwrap();
-            }
-            gate.release.lock().unwrap().recv().unwrap();
-        }
-        self.pods.clone()
-    }
-
-    fn health_checks(&self) -> Vec<HealthCheck> {
-        self.checks.lock().unwrap().clone()
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-}
-
-impl FakeHost {
-    fn new() -> Self {
-        Self {
-            pods: vec![pod("web", "Running"), pod("db", "Pending")],
-            checks: Mutex::new(vec![
-                check("ping", Ok(())),
-                check("syncloop", Ok(())),
-                check("pleg", Ok(())),
-            ]),
-            gate: None,
-            metrics: Metrics::new().unwrap(),
-        }
-    }
-
-    fn fail(&self, name: &'static str, reason: &str) {
-        for check in self.checks.lock().unwrap().iter_mut() {
-            if check.name == name {
-                check.result = Err(reason.to_owned());
-            }
-        }
-    }
-}
-
-fn check(name: &'static str, result: Result<(), String>) -> HealthCheck {
-    HealthCheck {
-        name,
-        result,
-        detail: None,
-    }
-}
-
-fn pod(name: &str, phase: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(format!("{name}-node1")),
-            namespace: Some("default".to_owned()),
-            uid: Some(format!("uid-{name}")),
-            ..ObjectMeta::default()
-        },
-        status: Some(PodStatus {
-            phase: Some(phase.to_owned()),
-            ..PodStatus::default()
-        }),
-        ..Pod::default()
-    }
-}
 
 struct Running {
     addr: SocketAddr,
@@ -261,7 +181,7 @@ async fn single_checks_and_unknown_paths() {
     let reply = get(server.addr, "/healthz/ping").await;
     assert_eq!((reply.status, reply.text()), (StatusCode::OK, "ok"));
 
-    for path in ["/healthz/etcd", "/nope", "/", "/pods/x", "/stats/summary"] {
+    for path in ["/healthz/etcd", "/nope", "/", "/pods/x", "/configz"] {
         assert_eq!(
             get(server.addr, path).await.status,
             StatusCode::NOT_FOUND,
@@ -447,4 +367,157 @@ async fn bind_reports_the_address_in_use() {
     assert_eq!(error.to_string(), format!("cannot listen on {addr}"));
     let source = std::error::Error::source(&error).unwrap().to_string();
     assert!(source.to_lowercase().contains("in use"), "{source}");
+}
+
+/// Serves the kubelet API's router (auth included) over plain HTTP, so the routes can be tested
+/// without TLS; the TLS listener has its own tests.
+async fn start_api(host: Arc<FakeHost>, debugging: bool, anonymous: bool) -> Running {
+    let auth = auth::KubeletAuth::new(
+        auth::AuthSettings {
+            anonymous_enabled: anonymous,
+            webhook_authentication: None,
+            authorization: auth::AuthorizationMode::AlwaysAllow,
+            node_name: "node1".to_owned(),
+        },
+        None,
+    )
+    .unwrap();
+    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = Router::api(host, debugging, auth);
+    let task = tokio::spawn(listener::run(
+        listener,
+        listener::Plain,
+        router,
+        ServeLimits::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Running { addr, stop, task }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_api_refuses_unauthenticated_requests_before_routing() {
+    let server = start_api(Arc::new(FakeHost::new()), true, false).await;
+    for path in ["/pods", "/nope", "/exec/default/web-node1/main"] {
+        let reply = get(server.addr, path).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn api_only_routes_answer_on_the_api() {
+    let server = start_api(Arc::new(FakeHost::new()), true, true).await;
+    let configz = get(server.addr, "/configz").await;
+    assert_eq!(configz.status, StatusCode::OK);
+    let body: serde_json::Value = serde_json::from_slice(&configz.body).unwrap();
+    assert_eq!(body["kubeletconfig"]["port"], 10250);
+
+    let running = get(server.addr, "/runningpods/").await;
+    assert_eq!(running.status, StatusCode::OK);
+    let list: List<Pod> = serde_json::from_slice(&running.body).unwrap();
+    assert_eq!(list.items.len(), 1);
+
+    let probes = get(server.addr, "/metrics/probes").await;
+    assert_eq!(probes.status, StatusCode::OK);
+    assert!(probes.text().contains("# TYPE prober_probe_total counter"));
+
+    let stats = get(server.addr, "/stats/summary").await;
+    assert_eq!(stats.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(stats.text(), "no stats in this test\n");
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_executes_the_space_separated_command_in_the_named_container() {
+    let mut host = FakeHost::new();
+    host.containers.insert(
+        "default/web-node1/main".to_owned(),
+        FoundContainer {
+            id: crate::container::ContainerId::from("c1"),
+            running: true,
+        },
+    );
+    let host = Arc::new(host);
+    let server = start_api(Arc::clone(&host), true, true).await;
+
+    let reply = send(
+        server.addr,
+        Method::POST,
+        "/run/default/web-node1/main?cmd=echo%20hello%20world",
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.text()),
+        (StatusCode::OK, "echo+hello+world")
+    );
+    assert_eq!(
+        host.streaming.ran.lock().unwrap()[0].1,
+        ["echo", "hello", "world"]
+    );
+
+    let reply = send(server.addr, Method::POST, "/run/default/web-node1/main").await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.text().contains("cmd"), "{}", reply.text());
+
+    let reply = send(server.addr, Method::POST, "/run/default/nope/main?cmd=ls").await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+
+    let reply = get(server.addr, "/run/default/web-node1/main?cmd=ls").await;
+    assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(reply.headers[ALLOW], "POST");
+    stop(server).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn debugging_endpoints_check_their_input_and_can_be_disabled() {
+    let mut host = FakeHost::new();
+    host.containers.insert(
+        "default/web-node1/main".to_owned(),
+        FoundContainer {
+            id: crate::container::ContainerId::from("c1"),
+            running: true,
+        },
+    );
+    let host = Arc::new(host);
+    let server = start_api(Arc::clone(&host), true, true).await;
+    let bad_query = get(
+        server.addr,
+        "/containerLogs/default/web-node1/main?tailLines=-3",
+    )
+    .await;
+    assert_eq!(bad_query.status, StatusCode::BAD_REQUEST);
+    assert!(
+        bad_query.text().contains("tailLines"),
+        "{}",
+        bad_query.text()
+    );
+    let unknown = get(server.addr, "/containerLogs/default/nope/main").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let no_command = get(server.addr, "/exec/default/web-node1/main?stdout=1").await;
+    assert_eq!(no_command.status, StatusCode::BAD_REQUEST);
+    let runtime_refuses = get(
+        server.addr,
+        "/exec/default/web-node1/main?command=ls&stdout=1",
+    )
+    .await;
+    assert_eq!(runtime_refuses.status, StatusCode::BAD_GATEWAY);
+    let traversal = get(server.addr, "/logs/%2e%2e/etc/passwd").await;
+    assert_eq!(traversal.status, StatusCode::BAD_REQUEST);
+    stop(server).await.unwrap();
+
+    let server = start_api(host, false, true).await;
+    let disabled = get(server.addr, "/exec/default/web-node1/main?command=ls").await;
+    assert_eq!(
+        (disabled.status, disabled.text()),
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Debug endpoints are disabled.\n"
+        )
+    );
+    assert_eq!(get(server.addr, "/pods").await.status, StatusCode::OK);
+    stop(server).await.unwrap();
 }

@@ -81,18 +81,17 @@ fn go_duration(duration: Duration) -> String {
     let millis = duration.subsec_millis();
     let mut out = String::new();
     if hours > 0 {
-        out.push_str(&format!("{hours}h"));
+        out = format!("{hours}h");
     }
     if hours > 0 || minutes > 0 {
-        out.push_str(&format!("{minutes}m"));
+        out = format!("{out}{minutes}m");
     }
     if millis > 0 {
         let fraction = format!("{millis:03}");
-        out.push_str(&format!("{seconds}.{}s", fraction.trim_end_matches('0')));
+        format!("{out}{seconds}.{}s", fraction.trim_end_matches('0'))
     } else {
-        out.push_str(&format!("{seconds}s"));
+        format!("{out}{seconds}s")
     }
-    out
 }
 
 #[cfg(test)]

@@ -188,40 +188,7 @@ pub(super) fn read_document(document: &Value) -> FileContents {
     let mut api_version_seen = false;
     let mut kind_seen = false;
     let mut unknown = Vec::new();
-    // Nested sections are flattened into dotted keys (`authentication.webhook.cacheTTL`), so every
-    // field, nested or not, is matched in one place and named in full in problems.
-    let mut fields: Vec<(String, &Value)> = Vec::new();
-    let mut pending: Vec<(String, &Value)> = vec![(String::new(), document)];
-    while let Some((prefix, section)) = pending.pop() {
-        let Value::Mapping(entries) = section else {
-            continue;
-        };
-        for (key, value) in entries {
-            let Some(key) = key.as_str() else {
-                out.problems.push(format!(
-                    "field names must be strings, found {}",
-                    describe(key)
-                ));
-                continue;
-            };
-            let dotted = if prefix.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{prefix}.{key}")
-            };
-            if SECTIONS.contains(&dotted.as_str()) {
-                match value {
-                    Value::Null | Value::Mapping(_) => pending.push((dotted, value)),
-                    other => out.problems.push(format!(
-                        "{dotted}: expected a mapping, found {}",
-                        describe(other)
-                    )),
-                }
-            } else {
-                fields.push((dotted, value));
-            }
-        }
-    }
+    let fields = flatten_sections(document, &mut out.problems);
     for (key, value) in &fields {
         let key = key.as_str();
         let mut reader = FieldReader {
@@ -310,6 +277,48 @@ pub(super) fn read_document(document: &Value) -> FileContents {
         ));
     }
     out
+}
+
+/// The document's fields with nested sections flattened into dotted keys
+/// (`authentication.webhook.cacheTTL`), so every field, nested or not, is matched in one place and
+/// named in full in problems.
+fn flatten_sections<'a>(
+    document: &'a Value,
+    problems: &mut Vec<String>,
+) -> Vec<(String, &'a Value)> {
+    let mut fields: Vec<(String, &Value)> = Vec::new();
+    let mut pending: Vec<(String, &Value)> = vec![(String::new(), document)];
+    while let Some((prefix, section)) = pending.pop() {
+        let Value::Mapping(entries) = section else {
+            continue;
+        };
+        for (key, value) in entries {
+            let Some(key) = key.as_str() else {
+                problems.push(format!(
+                    "field names must be strings, found {}",
+                    describe(key)
+                ));
+                continue;
+            };
+            let dotted = if prefix.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            if SECTIONS.contains(&dotted.as_str()) {
+                match value {
+                    Value::Null | Value::Mapping(_) => pending.push((dotted, value)),
+                    other => problems.push(format!(
+                        "{dotted}: expected a mapping, found {}",
+                        describe(other)
+                    )),
+                }
+            } else {
+                fields.push((dotted, value));
+            }
+        }
+    }
+    fields
 }
 
 struct FieldReader<'a> {

@@ -151,7 +151,7 @@ pub struct Flags {
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub tls_cipher_suites: Option<Vec<String>>,
 
-    /// Minimum TLS version: VersionTLS12 or VersionTLS13 (config: tlsMinVersion).
+    /// Minimum TLS version: `VersionTLS12` or `VersionTLS13` (config: tlsMinVersion).
     #[arg(long, value_name = "VERSION")]
     pub tls_min_version: Option<String>,
 
@@ -167,7 +167,7 @@ pub struct Flags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub anonymous_auth: Option<bool>,
 
-    /// Check bearer tokens with TokenReviews (config: authentication.webhook.enabled).
+    /// Check bearer tokens with `TokenReview`s (config: authentication.webhook.enabled).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub authentication_token_webhook: Option<bool>,
 
@@ -175,7 +175,7 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub authentication_token_webhook_cache_ttl: Option<Duration>,
 
-    /// AlwaysAllow or Webhook (config: authorization.mode).
+    /// `AlwaysAllow` or `Webhook` (config: authorization.mode).
     #[arg(long, value_name = "MODE")]
     pub authorization_mode: Option<String>,
 

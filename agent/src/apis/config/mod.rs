@@ -120,7 +120,7 @@ pub struct Authentication {
 /// `authorization`: how authenticated requests are allowed or refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Authorization {
-    /// `mode` (default: Webhook when `--kubeconfig` names an API server, AlwaysAllow otherwise).
+    /// `mode` (default: `Webhook` when `--kubeconfig` names an API server, `AlwaysAllow` otherwise).
     pub mode: AuthorizationModeSetting,
     /// `webhook.cacheAuthorizedTTL` (default 5m).
     pub webhook_cache_authorized_ttl: Duration,
@@ -131,6 +131,10 @@ pub struct Authorization {
 /// The `KubeletConfiguration` fields ringlet implements, defaulted and validated, plus ringlet's
 /// own extension fields (marked as such).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "the kubelet's configuration has these switches"
+)]
 pub struct KubeletConfiguration {
     /// `staticPodPath`: a directory of manifests or a single manifest file (absolute).
     pub static_pod_path: Option<PathBuf>,
@@ -818,9 +822,8 @@ fn build_authorization(
     problems: &mut Vec<String>,
 ) -> Authorization {
     let mode = match raw.authorization_mode.as_deref() {
-        None | Some("") if have_api_server => AuthorizationModeSetting::Webhook,
+        None | Some("" | "Webhook") if have_api_server => AuthorizationModeSetting::Webhook,
         None | Some("" | "AlwaysAllow") => AuthorizationModeSetting::AlwaysAllow,
-        Some("Webhook") if have_api_server => AuthorizationModeSetting::Webhook,
         Some("Webhook") => {
             problems.push(
                 "authorization.mode (--authorization-mode): Webhook needs --kubeconfig naming the \

@@ -31,41 +31,14 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 
 use super::*;
-use crate::metrics::Metrics;
+use crate::server::fake_host::FakeHost;
 use crate::server::listener::{self, Handler, Plain, ServeLimits};
 use crate::server::router::{Router, full};
 use crate::server::routes::Endpoints;
-use crate::server::{HealthCheck, PeerCertificates, ServerError, ServerHost, bind};
-
-struct FakeHost {
-    metrics: Metrics,
-}
-
-impl ServerHost for FakeHost {
-    fn pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
-        Vec::new()
-    }
-
-    fn health_checks(&self) -> Vec<HealthCheck> {
-        vec![HealthCheck {
-            name: "ping",
-            result: Ok(()),
-            detail: None,
-        }]
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-}
+use crate::server::{PeerCertificates, ServerError, bind};
 
 fn router() -> Router {
-    Router::new(
-        Arc::new(FakeHost {
-            metrics: Metrics::new().unwrap(),
-        }),
-        Endpoints::ReadOnly,
-    )
+    Router::new(Arc::new(FakeHost::new()), Endpoints::ReadOnly)
 }
 
 /// Answers with the DER of the client's certificate, or 204 when it sent none; echoes upgraded
