@@ -297,10 +297,12 @@ fn hostile_clients_do_not_stop_the_api() -> Result<()> {
     let mut slow = TcpStream::connect(("127.0.0.1", agent.read_only_port))?;
     slow.write_all(b"GET /pods HTTP/1.1\r\nHost: x\r\n")?;
     // An oversized header.
+    let big_header = agent.dir.path().join("big-header");
+    std::fs::write(&big_header, format!("X-Big: {}\n", "a".repeat(2 << 20)))?;
     let mut oversized = agent.curl(true);
     oversized
         .args(["-o", "/dev/null", "-w", "%{http_code}", "-H"])
-        .arg(format!("X-Big: {}", "a".repeat(2 << 20)))
+        .arg(format!("@{}", big_header.display()))
         .arg(format!("https://127.0.0.1:{}/pods", agent.api_port));
     let code = String::from_utf8_lossy(&oversized.output()?.stdout)
         .trim()
@@ -316,4 +318,81 @@ fn hostile_clients_do_not_stop_the_api() -> Result<()> {
     drop(slow);
     assert_eq!(agent.api_get("/healthz")?.0, 200);
     Ok(())
+}
+
+#[test]
+fn exec_runs_a_command_through_the_cri_streaming_server() -> Result<()> {
+    if !require_lab("exec_runs_a_command_through_the_cri_streaming_server") {
+        return Ok(());
+    }
+    let agent = Agent::start("api-exec", AgentOptions::default())?;
+    agent.write_manifest("box.yaml", &busybox_pod("box", "Always", "exec sleep 3600"))?;
+    agent.wait_pod("box", "running", START, running)?;
+    let path = format!(
+        "/exec/default/box-{}/main?command=sh&command=-c&command=echo%20hello-$((6*7))&output=1",
+        agent.node
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (stdout, status) = runtime.block_on(websocket_exec(&agent, &path))?;
+    assert_eq!(stdout, "hello-42\n");
+    assert!(status.contains("Success"), "status channel: {status}");
+
+    let (code, body) = agent.api_request(
+        "POST",
+        &format!("/run/default/box-{}/main?cmd=echo%20ran", agent.node),
+        true,
+    )?;
+    assert_eq!((code, body.as_str()), (200, "ran\n"));
+    Ok(())
+}
+
+/// A `v4.channel.k8s.io` WebSocket session through the agent's TLS API, authenticated with the
+/// test's client certificate; returns stdout (channel 1) and the status channel (3).
+async fn websocket_exec(agent: &Agent, path: &str) -> Result<(String, String)> {
+    use futures::StreamExt;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(agent.serving_cert())? {
+        roots.add(cert?)?;
+    }
+    let (cert, key) = ringlet_tests::ClientIdentity::paths(agent.dir.path());
+    let chain = CertificateDer::pem_file_iter(&cert)?.collect::<Result<Vec<_>, _>>()?;
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, PrivateKeyDer::from_pem_file(&key)?)?;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", agent.api_port)).await?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1")?, tcp)
+        .await?;
+    let mut request = format!("wss://127.0.0.1:{}{path}", agent.api_port).into_client_request()?;
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", "v4.channel.k8s.io".parse()?);
+    let (mut socket, response) = tokio_tungstenite::client_async(request, tls).await?;
+    assert_eq!(
+        response.headers()["sec-websocket-protocol"],
+        "v4.channel.k8s.io"
+    );
+    let (mut stdout, mut status) = (Vec::new(), Vec::new());
+    while let Some(message) = socket.next().await {
+        match message? {
+            Message::Binary(data) => match data.split_first() {
+                Some((1, rest)) => stdout.extend_from_slice(rest),
+                Some((3, rest)) => status.extend_from_slice(rest),
+                _ => {}
+            },
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    Ok((String::from_utf8(stdout)?, String::from_utf8(status)?))
 }
