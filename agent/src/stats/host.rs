@@ -117,7 +117,6 @@ impl Procfs {
                 major_page_faults: required(&vmstat, "pgmajfault", &vmstat_path)?,
                 limit: Some(total),
             },
-            available: field("MemAvailable")?,
             swap: (swap_total > 0)
                 .then(|| field("SwapFree"))
                 .transpose()?
@@ -223,8 +222,6 @@ fn parse_i64(value: &str, path: &Path) -> Result<i64, StatsError> {
 pub(super) struct NodeMemory {
     /// Usage, working set inputs, faults; the limit is the node's memory.
     pub sample: MemorySample,
-    /// `MemAvailable`.
-    pub available: u64,
     /// `None` on a node without swap.
     pub swap: Option<SwapUsage>,
 }

@@ -280,11 +280,10 @@ impl Scrape<'_> {
 
         let time = self.now();
         let (memory, swap) = match self.inner.procfs.memory() {
+            // As the kubelet does (its eviction signal `memory.available` depends on it), the node's
+            // available memory is capacity minus working set, not the kernel's MemAvailable.
             Ok(node) => (
-                Some(MemoryStats {
-                    available_bytes: Some(node.available),
-                    ..memory_stats(&node.sample, time)
-                }),
+                Some(memory_stats(&node.sample, time)),
                 node.swap.map(|swap| SwapStats {
                     time: Time(time),
                     swap_available_bytes: Some(swap.available),

@@ -471,7 +471,8 @@ fn node_stats_from_procfs_and_the_root_cgroup() {
         node.memory,
         Some(MemoryStats {
             time: ts(1_700_001_000),
-            available_bytes: Some(2500 * 1024),
+            // Capacity (MemTotal 4000 kB) minus the working set, as the kubelet computes it.
+            available_bytes: Some(1500 * 1024),
             usage_bytes: Some(3000 * 1024),
             working_set_bytes: Some(2500 * 1024),
             rss_bytes: Some(700 * 1024),
