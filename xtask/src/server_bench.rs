@@ -138,8 +138,10 @@ pub fn server(args: &ServerArgs) -> Result<()> {
         }
         Ok::<_, anyhow::Error>(cases)
     })();
+    // The agent removes the pods once their manifests are gone, so it stops only after that.
+    let cleaned = cleanup(&manifests, NAMESPACE);
     agent.stop();
-    cleanup(&manifests, NAMESPACE)?;
+    cleaned?;
     let report = Report {
         benchmark: "server",
         date: now_utc()?,
