@@ -406,3 +406,231 @@ impl AsyncWrite for Stream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Incoming;
+    use hyper::service::service_fn;
+    use hyper::{Request, Response};
+    use hyper_util::rt::TokioIo;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::io::block_on;
+
+    const ENGINES: [IoEngine; 2] = [IoEngine::Uring, IoEngine::Epoll];
+
+    fn loopback() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    /// Echoes the request body back, so a large body crosses the connection in both directions.
+    async fn echo(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+        let body = request.into_body().collect().await?.to_bytes();
+        Ok(Response::new(Full::new(body)))
+    }
+
+    /// Serves HTTP/1 echo on every accepted connection; returns the bound address.
+    fn spawn_server(engine: IoEngine) -> SocketAddr {
+        let listener = Listener::bind(loopback(), engine).unwrap();
+        let addr = listener.local_addr().unwrap();
+        spawn_connection(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                spawn_connection(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service_fn(echo)),
+                );
+            }
+        });
+        addr
+    }
+
+    async fn client(
+        addr: SocketAddr,
+        engine: IoEngine,
+    ) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+        let stream = connect_tcp(addr, engine).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        spawn_connection(connection);
+        sender
+    }
+
+    async fn post(
+        sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+        body: Bytes,
+    ) -> Bytes {
+        sender.ready().await.unwrap();
+        let request = Request::post("/echo")
+            .header(http::header::HOST, "localhost")
+            .body(Full::new(body))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK);
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    fn pattern(len: usize) -> Bytes {
+        (0..len).map(|i| u8::try_from(i % 251).unwrap()).collect::<Vec<_>>().into()
+    }
+
+    #[test]
+    fn http1_round_trips_small_and_large_bodies() {
+        for engine in ENGINES {
+            block_on(engine, async move {
+                let addr = spawn_server(engine);
+                let mut sender = client(addr, engine).await;
+                assert_eq!(post(&mut sender, Bytes::from_static(b"ping")).await, "ping");
+                let large = pattern(1024 * 1024);
+                assert_eq!(post(&mut sender, large.clone()).await, large, "{engine}");
+                // The same keep-alive connection still works after the large exchange.
+                assert_eq!(post(&mut sender, Bytes::from_static(b"again")).await, "again");
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn unix_socket_echo() {
+        for engine in ENGINES {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("echo.sock");
+            block_on(engine, async move {
+                let listener = tokio::net::UnixListener::bind(&path).unwrap();
+                spawn_connection(async move {
+                    let (mut socket, _) = listener.accept().await.unwrap();
+                    let (mut reader, mut writer) = socket.split();
+                    tokio::io::copy(&mut reader, &mut writer).await.unwrap();
+                });
+
+                let stream = connect_unix(&path, engine).await.unwrap();
+                let (mut reader, mut writer) = tokio::io::split(stream);
+                let sent = pattern(300 * 1024);
+                let writing = spawn_connection({
+                    let sent = sent.clone();
+                    async move {
+                        writer.write_all(&sent).await.unwrap();
+                        // Shutdown must flush the write still in flight before the peer sees EOF.
+                        writer.shutdown().await.unwrap();
+                    }
+                });
+                let mut received = Vec::new();
+                reader.read_to_end(&mut received).await.unwrap();
+                writing.await.unwrap();
+                assert_eq!(received, sent, "{engine}");
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn connect_unix_reports_a_missing_socket() {
+        for engine in ENGINES {
+            let err = block_on(engine, connect_unix("/nonexistent/ringlet.sock", engine))
+                .unwrap()
+                .err()
+                .unwrap();
+            assert_eq!(err.kind(), io::ErrorKind::NotFound, "{engine}");
+        }
+    }
+
+    #[test]
+    fn accept_is_cancel_safe_and_dropping_the_listener_frees_the_port() {
+        for engine in ENGINES {
+            block_on(engine, async move {
+                let listener = Listener::bind(loopback(), engine).unwrap();
+                let addr = listener.local_addr().unwrap();
+                let abandoned = tokio::time::timeout(Duration::from_millis(20), listener.accept());
+                assert!(abandoned.await.is_err());
+
+                // The connection arriving after the abandoned accept reaches the next accept.
+                let mut client = connect_tcp(addr, engine).await.unwrap();
+                let (mut server, _) = listener.accept().await.unwrap();
+                client.write_all(b"hi").await.unwrap();
+                client.flush().await.unwrap();
+                let mut buf = [0; 2];
+                server.read_exact(&mut buf).await.unwrap();
+                assert_eq!(&buf, b"hi");
+
+                let pending = tokio::time::timeout(Duration::from_millis(20), listener.accept());
+                assert!(pending.await.is_err());
+                drop(listener);
+                tokio::task::yield_now().await;
+                let refused = connect_tcp(addr, engine).await.err().unwrap();
+                assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused, "{engine}");
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn dropping_a_stream_with_a_read_in_flight_closes_the_connection() {
+        for engine in ENGINES {
+            block_on(engine, async move {
+                let listener = Listener::bind(loopback(), engine).unwrap();
+                let mut client = connect_tcp(listener.local_addr().unwrap(), engine).await.unwrap();
+                let (mut server, _) = listener.accept().await.unwrap();
+                let mut buf = [0; 16];
+                let idle = tokio::time::timeout(Duration::from_millis(20), server.read(&mut buf));
+                assert!(idle.await.is_err());
+                drop(server);
+                let eof = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf));
+                assert_eq!(eof.await.unwrap().unwrap(), 0, "{engine}");
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn bytes_read_by_an_abandoned_read_are_not_lost() {
+        for engine in ENGINES {
+            block_on(engine, async move {
+                let listener = Listener::bind(loopback(), engine).unwrap();
+                let mut client = connect_tcp(listener.local_addr().unwrap(), engine).await.unwrap();
+                let (mut server, _) = listener.accept().await.unwrap();
+                let mut buf = [0; 5];
+                let idle = tokio::time::timeout(Duration::from_millis(20), server.read(&mut buf));
+                assert!(idle.await.is_err());
+                client.write_all(b"hello").await.unwrap();
+                client.flush().await.unwrap();
+                server.read_exact(&mut buf).await.unwrap();
+                assert_eq!(&buf, b"hello", "{engine}");
+            })
+            .unwrap();
+        }
+    }
+
+    /// Round-trip latency of small requests on one keep-alive connection, client and server on the same
+    /// thread. Run with
+    /// `cargo test --release -p ringlet --lib io::net::tests::keep_alive_latency -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "measurement, not a test; run in release mode"]
+    fn keep_alive_latency() {
+        const REQUESTS: u32 = 10_000;
+        for engine in ENGINES {
+            let elapsed = block_on(engine, async move {
+                let addr = spawn_server(engine);
+                let mut sender = client(addr, engine).await;
+                post(&mut sender, Bytes::from_static(b"warm-up")).await;
+                let start = Instant::now();
+                for _ in 0..REQUESTS {
+                    post(&mut sender, Bytes::from_static(b"ping")).await;
+                }
+                start.elapsed()
+            })
+            .unwrap();
+            println!(
+                "{engine}: {REQUESTS} requests in {elapsed:?}, {:?} per round trip",
+                elapsed / REQUESTS
+            );
+        }
+    }
+}
