@@ -14,10 +14,10 @@ use super::probe::{self, RING_ENTRIES, UringUnavailable};
 /// The configured engine choice.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IoEngineSetting {
-    /// io_uring when the probe passes, epoll otherwise.
+    /// `io_uring` when the probe passes, epoll otherwise.
     #[default]
     Auto,
-    /// io_uring or nothing: the agent refuses to start when io_uring is unavailable.
+    /// `io_uring` or nothing: the agent refuses to start when `io_uring` is unavailable.
     Uring,
     /// Always epoll.
     Epoll,
@@ -41,7 +41,9 @@ impl FromStr for IoEngineSetting {
             "auto" => Ok(IoEngineSetting::Auto),
             "uring" => Ok(IoEngineSetting::Uring),
             "epoll" => Ok(IoEngineSetting::Epoll),
-            _ => Err(EngineError::InvalidSetting { value: value.to_owned() }),
+            _ => Err(EngineError::InvalidSetting {
+                value: value.to_owned(),
+            }),
         }
     }
 }
@@ -88,7 +90,7 @@ pub enum EngineError {
     },
 }
 
-/// Resolves the setting to an engine. With `auto`, a fallback to epoll comes with the reason io_uring
+/// Resolves the setting to an engine. With `auto`, a fallback to epoll comes with the reason `io_uring`
 /// was not usable (for one log line); `uring` fails with that reason instead.
 pub fn select(setting: IoEngineSetting) -> Result<(IoEngine, Option<String>), EngineError> {
     match setting {
@@ -138,8 +140,15 @@ mod tests {
 
     #[test]
     fn settings_parse_and_print() {
-        for setting in [IoEngineSetting::Auto, IoEngineSetting::Uring, IoEngineSetting::Epoll] {
-            assert_eq!(setting.as_str().parse::<IoEngineSetting>().unwrap(), setting);
+        for setting in [
+            IoEngineSetting::Auto,
+            IoEngineSetting::Uring,
+            IoEngineSetting::Epoll,
+        ] {
+            assert_eq!(
+                setting.as_str().parse::<IoEngineSetting>().unwrap(),
+                setting
+            );
         }
         let err = "io_uring".parse::<IoEngineSetting>().unwrap_err();
         assert_eq!(
@@ -152,9 +161,18 @@ mod tests {
 
     #[test]
     fn selects_uring_where_available() {
-        assert_eq!(select(IoEngineSetting::Auto).unwrap(), (IoEngine::Uring, None));
-        assert_eq!(select(IoEngineSetting::Uring).unwrap(), (IoEngine::Uring, None));
-        assert_eq!(select(IoEngineSetting::Epoll).unwrap(), (IoEngine::Epoll, None));
+        assert_eq!(
+            select(IoEngineSetting::Auto).unwrap(),
+            (IoEngine::Uring, None)
+        );
+        assert_eq!(
+            select(IoEngineSetting::Uring).unwrap(),
+            (IoEngine::Uring, None)
+        );
+        assert_eq!(
+            select(IoEngineSetting::Epoll).unwrap(),
+            (IoEngine::Epoll, None)
+        );
     }
 
     #[test]
@@ -177,7 +195,7 @@ mod tests {
 
     const SECCOMP_CHILD: &str = "RINGLET_IO_SECCOMP_CHILD";
 
-    /// Runs in a child process whose seccomp filter answers io_uring_setup with EPERM (see
+    /// Runs in a child process whose seccomp filter answers `io_uring_setup` with EPERM (see
     /// `falls_back_to_epoll_when_seccomp_denies_io_uring`).
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -187,7 +205,10 @@ mod tests {
         let (engine, reason) = select(IoEngineSetting::Auto).unwrap();
         assert_eq!(engine, IoEngine::Epoll);
         let reason = reason.unwrap();
-        assert!(reason.contains("denied") && reason.contains("seccomp"), "{reason}");
+        assert!(
+            reason.contains("denied") && reason.contains("seccomp"),
+            "{reason}"
+        );
         let err = select(IoEngineSetting::Uring).unwrap_err();
         assert!(matches!(
             err,
@@ -202,7 +223,12 @@ mod tests {
     fn falls_back_to_epoll_when_seccomp_denies_io_uring() {
         let mut child = Command::new(std::env::current_exe().unwrap());
         child
-            .args(["--ignored", "--exact", "io::engine::tests::seccomp_child", "--nocapture"])
+            .args([
+                "--ignored",
+                "--exact",
+                "io::engine::tests::seccomp_child",
+                "--nocapture",
+            ])
             .env(SECCOMP_CHILD, "1");
         // SAFETY: the closure runs between fork and exec and only makes two syscalls (prctl), which
         // are async-signal-safe; the filter it installs lives on the stack for the duration of the call.
@@ -218,24 +244,39 @@ mod tests {
     }
 
     #[cfg(target_arch = "x86_64")]
-    /// Installs a seccomp filter that makes io_uring_setup fail with EPERM and allows everything else.
+    /// Installs a seccomp filter that makes `io_uring_setup` fail with EPERM and allows everything else.
     fn deny_io_uring_setup() -> std::io::Result<()> {
-        const LOAD_ARCH: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-        const JUMP_EQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
-        const RETURN: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+        // Classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K.
+        const LOAD: u16 = 0x20;
+        const JUMP_EQ: u16 = 0x15;
+        const RETURN: u16 = 0x06;
         // Offsets of `arch` and `nr` in `struct seccomp_data`.
         const ARCH_OFFSET: u32 = 4;
         const NR_OFFSET: u32 = 0;
         const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-        let statement = |code, k| libc::sock_filter { code, jt: 0, jf: 0, k };
-        let jump = |k, jt, jf| libc::sock_filter { code: JUMP_EQ, jt, jf, k };
+        let statement = |code, k| libc::sock_filter {
+            code,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        let jump = |k, jt, jf| libc::sock_filter {
+            code: JUMP_EQ,
+            jt,
+            jf,
+            k,
+        };
         let deny = libc::SECCOMP_RET_ERRNO | u32::try_from(libc::EPERM).unwrap_or(1);
         let mut filter = [
-            statement(LOAD_ARCH, ARCH_OFFSET),
+            statement(LOAD, ARCH_OFFSET),
             // Another architecture (a 32-bit syscall): leave it alone.
             jump(AUDIT_ARCH_X86_64, 0, 3),
-            statement(LOAD_ARCH, NR_OFFSET),
-            jump(u32::try_from(libc::SYS_io_uring_setup).unwrap_or(u32::MAX), 0, 1),
+            statement(LOAD, NR_OFFSET),
+            jump(
+                u32::try_from(libc::SYS_io_uring_setup).unwrap_or(u32::MAX),
+                0,
+                1,
+            ),
             statement(RETURN, deny),
             statement(RETURN, libc::SECCOMP_RET_ALLOW),
         ];
@@ -246,7 +287,11 @@ mod tests {
         // SAFETY: plain prctl calls; `program` and `filter` outlive them.
         unsafe {
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &raw const program) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &raw const program,
+                ) != 0
             {
                 return Err(std::io::Error::last_os_error());
             }

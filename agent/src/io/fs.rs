@@ -3,7 +3,7 @@
 //!
 //! Corresponds to the file reads the kubelet's cadvisor/cgroup code (`pkg/kubelet/cm`,
 //! `pkg/kubelet/stats`) does one blocking syscall at a time. On uring every open and read is an
-//! io_uring operation and the files are read concurrently, so a sweep costs a few ring round trips;
+//! `io_uring` operation and the files are read concurrently, so a sweep costs a few ring round trips;
 //! on epoll the whole sweep is one job on tokio's blocking pool.
 
 use std::io;
@@ -31,14 +31,19 @@ pub async fn read_small_files(paths: &[PathBuf], engine: IoEngine) -> Vec<io::Re
         }
         IoEngine::Epoll => {
             let owned = paths.to_vec();
-            let sweep = tokio::task::spawn_blocking(move || owned.iter().map(std::fs::read).collect());
+            let sweep =
+                tokio::task::spawn_blocking(move || owned.iter().map(std::fs::read).collect());
             match sweep.await {
                 Ok(contents) => contents,
                 Err(join_error) => {
                     let reason = join_error.to_string();
                     paths
                         .iter()
-                        .map(|_| Err(io::Error::other(format!("blocking file read failed: {reason}"))))
+                        .map(|_| {
+                            Err(io::Error::other(format!(
+                                "blocking file read failed: {reason}"
+                            )))
+                        })
                         .collect()
                 }
             }
@@ -82,9 +87,9 @@ mod tests {
             "pids/cgroup.procs",
         ]
         .iter()
-            .map(|name| root.join(name))
-            .filter(|path| path.exists())
-            .collect()
+        .map(|name| root.join(name))
+        .filter(|path| path.exists())
+        .collect()
     }
 
     #[test]
@@ -105,14 +110,25 @@ mod tests {
             let results = block_on(engine, read_small_files(&paths, engine)).unwrap();
             assert_eq!(results.len(), paths.len());
             let stat = String::from_utf8(results[0].as_ref().unwrap().clone()).unwrap();
-            assert!(stat.starts_with(&format!("{} (", std::process::id())), "{stat}");
-            assert_eq!(results[1].as_ref().unwrap_err().kind(), io::ErrorKind::NotFound);
+            assert!(
+                stat.starts_with(&format!("{} (", std::process::id())),
+                "{stat}"
+            );
+            assert_eq!(
+                results[1].as_ref().unwrap_err().kind(),
+                io::ErrorKind::NotFound
+            );
             assert_eq!(results[2].as_ref().unwrap(), &big_contents, "{engine}");
             for (path, result) in cgroup.iter().zip(&results[3..]) {
                 let contents = result.as_ref().unwrap();
                 // The files are live: compare their shape, not bytes, with a std read.
                 let expected = std::fs::read(path).unwrap();
-                assert_eq!(contents.is_empty(), expected.is_empty(), "{}", path.display());
+                assert_eq!(
+                    contents.is_empty(),
+                    expected.is_empty(),
+                    "{}",
+                    path.display()
+                );
                 assert_eq!(contents.last(), expected.last(), "{}", path.display());
             }
         }
@@ -131,7 +147,11 @@ mod tests {
         for engine in [IoEngine::Uring, IoEngine::Epoll] {
             let results = block_on(engine, read_small_files(&paths, engine)).unwrap();
             for (i, result) in results.iter().enumerate() {
-                assert_eq!(result.as_ref().unwrap(), i.to_string().as_bytes(), "{engine}");
+                assert_eq!(
+                    result.as_ref().unwrap(),
+                    i.to_string().as_bytes(),
+                    "{engine}"
+                );
             }
         }
     }

@@ -1,5 +1,5 @@
-//! The I/O engine boundary: the io_uring (tokio-uring) and epoll (tokio) runtimes, the socket and file
-//! adapters the servers, the CRI client and the cgroup sweeps use, and the io_uring probe behind
+//! The I/O engine boundary: the `io_uring` (tokio-uring) and epoll (tokio) runtimes, the socket and file
+//! adapters the servers, the CRI client and the cgroup sweeps use, and the `io_uring` probe behind
 //! `--io-engine=auto`.
 //!
 //! No kubelet counterpart: the kubelet runs on Go's netpoller. Every tokio-uring and io-uring type

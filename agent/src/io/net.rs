@@ -2,7 +2,7 @@
 //! tokio-rustls and the CRI client read and write.
 //!
 //! No kubelet counterpart (Go's `net` package). On epoll these are tokio's sockets; on uring every
-//! accept, connect, read and write is an io_uring operation submitted through tokio-uring, behind an
+//! accept, connect, read and write is an `io_uring` operation submitted through tokio-uring, behind an
 //! adapter that gives callers tokio's `AsyncRead`/`AsyncWrite`.
 //!
 //! **uring streams and listeners are `!Send`**: they must be used on the thread of
@@ -61,7 +61,8 @@ enum ListenerInner {
     Uring(UringListener),
 }
 
-type AcceptFuture = Pin<Box<dyn Future<Output = io::Result<(tokio_uring::net::TcpStream, SocketAddr)>>>>;
+type AcceptFuture =
+    Pin<Box<dyn Future<Output = io::Result<(tokio_uring::net::TcpStream, SocketAddr)>>>>;
 
 struct UringListener {
     listener: Rc<tokio_uring::net::TcpListener>,
@@ -143,7 +144,9 @@ fn shutdown_fd(fd: std::os::fd::RawFd) {
 /// Connects to a TCP address on the engine's sockets. Must run inside [`block_on`](super::block_on).
 pub async fn connect_tcp(addr: SocketAddr, engine: IoEngine) -> io::Result<Stream> {
     match engine {
-        IoEngine::Epoll => Ok(Stream(StreamInner::Tcp(tokio::net::TcpStream::connect(addr).await?))),
+        IoEngine::Epoll => Ok(Stream(StreamInner::Tcp(
+            tokio::net::TcpStream::connect(addr).await?,
+        ))),
         IoEngine::Uring => Ok(Stream::uring(UringSocket::Tcp(
             tokio_uring::net::TcpStream::connect(addr).await?,
         ))),
@@ -154,7 +157,9 @@ pub async fn connect_tcp(addr: SocketAddr, engine: IoEngine) -> io::Result<Strea
 /// [`block_on`](super::block_on).
 pub async fn connect_unix(path: impl AsRef<Path>, engine: IoEngine) -> io::Result<Stream> {
     match engine {
-        IoEngine::Epoll => Ok(Stream(StreamInner::Unix(tokio::net::UnixStream::connect(path).await?))),
+        IoEngine::Epoll => Ok(Stream(StreamInner::Unix(
+            tokio::net::UnixStream::connect(path).await?,
+        ))),
         IoEngine::Uring => Ok(Stream::uring(UringSocket::Unix(
             tokio_uring::net::UnixStream::connect(path).await?,
         ))),
@@ -175,7 +180,10 @@ impl Stream {
     fn uring(socket: UringSocket) -> Stream {
         Stream(StreamInner::Uring(UringStream {
             socket: Rc::new(socket),
-            read: ReadState::Idle { buf: Vec::new(), pos: 0 },
+            read: ReadState::Idle {
+                buf: Vec::new(),
+                pos: 0,
+            },
             write: WriteState::Idle(Vec::new()),
         }))
     }
@@ -238,7 +246,10 @@ struct UringStream {
 
 enum ReadState {
     /// `buf[pos..]` holds bytes read but not yet handed out.
-    Idle { buf: Vec<u8>, pos: usize },
+    Idle {
+        buf: Vec<u8>,
+        pos: usize,
+    },
     Reading(BufFuture<usize>),
 }
 
@@ -479,7 +490,10 @@ mod tests {
     }
 
     fn pattern(len: usize) -> Bytes {
-        (0..len).map(|i| u8::try_from(i % 251).unwrap()).collect::<Vec<_>>().into()
+        (0..len)
+            .map(|i| u8::try_from(i % 251).unwrap())
+            .collect::<Vec<_>>()
+            .into()
     }
 
     #[test]
@@ -492,7 +506,10 @@ mod tests {
                 let large = pattern(1024 * 1024);
                 assert_eq!(post(&mut sender, large.clone()).await, large, "{engine}");
                 // The same keep-alive connection still works after the large exchange.
-                assert_eq!(post(&mut sender, Bytes::from_static(b"again")).await, "again");
+                assert_eq!(
+                    post(&mut sender, Bytes::from_static(b"again")).await,
+                    "again"
+                );
             })
             .unwrap();
         }
@@ -576,7 +593,9 @@ mod tests {
         for engine in ENGINES {
             block_on(engine, async move {
                 let listener = Listener::bind(loopback(), engine).unwrap();
-                let mut client = connect_tcp(listener.local_addr().unwrap(), engine).await.unwrap();
+                let mut client = connect_tcp(listener.local_addr().unwrap(), engine)
+                    .await
+                    .unwrap();
                 let (mut server, _) = listener.accept().await.unwrap();
                 let mut buf = [0; 16];
                 let idle = tokio::time::timeout(Duration::from_millis(20), server.read(&mut buf));
@@ -594,7 +613,9 @@ mod tests {
         for engine in ENGINES {
             block_on(engine, async move {
                 let listener = Listener::bind(loopback(), engine).unwrap();
-                let mut client = connect_tcp(listener.local_addr().unwrap(), engine).await.unwrap();
+                let mut client = connect_tcp(listener.local_addr().unwrap(), engine)
+                    .await
+                    .unwrap();
                 let (mut server, _) = listener.accept().await.unwrap();
                 let mut buf = [0; 5];
                 let idle = tokio::time::timeout(Duration::from_millis(20), server.read(&mut buf));

@@ -1,4 +1,4 @@
-//! The io_uring availability probe behind `--io-engine=auto|uring`.
+//! The `io_uring` availability probe behind `--io-engine=auto|uring`.
 //!
 //! No kubelet counterpart: the upstream kubelet always runs on Go's epoll netpoller. The probe sets up
 //! a ring of the size the uring engine uses and asks the kernel (`IORING_REGISTER_PROBE`) whether every
@@ -13,7 +13,7 @@ use io_uring::{IoUring, Probe, opcode};
 /// locked-memory limit that is too small for the real ring is caught here.
 pub(crate) const RING_ENTRIES: u32 = 256;
 
-/// The io_uring operations the engine's adapters submit (tokio-uring sockets, listener and files), by
+/// The `io_uring` operations the engine's adapters submit (tokio-uring sockets, listener and files), by
 /// the name an operator finds in `io_uring_enter(2)`.
 const REQUIRED_OPCODES: [(&str, u8); 5] = [
     ("IORING_OP_ACCEPT", opcode::Accept::CODE),
@@ -26,7 +26,7 @@ const REQUIRED_OPCODES: [(&str, u8); 5] = [
 const DISABLED_SYSCTL: &str = "/proc/sys/kernel/io_uring_disabled";
 const GROUP_SYSCTL: &str = "/proc/sys/kernel/io_uring_group";
 
-/// Why the io_uring engine cannot run on this machine, worded for the operator who reads the log line.
+/// Why the `io_uring` engine cannot run on this machine, worded for the operator who reads the log line.
 #[derive(Debug, thiserror::Error)]
 pub enum UringUnavailable {
     #[error(
@@ -64,11 +64,13 @@ pub enum UringUnavailable {
         #[source]
         source: io::Error,
     },
-    #[error("the kernel's io_uring lacks the {name} operation the engine uses (Linux 5.6 or newer has it)")]
+    #[error(
+        "the kernel's io_uring lacks the {name} operation the engine uses (Linux 5.6 or newer has it)"
+    )]
     MissingOpcode { name: &'static str },
 }
 
-/// Checks that io_uring can be used here: a ring can be set up and supports every operation the engine
+/// Checks that `io_uring` can be used here: a ring can be set up and supports every operation the engine
 /// submits.
 pub fn probe() -> Result<(), UringUnavailable> {
     let ring = IoUring::new(RING_ENTRIES).map_err(setup_error)?;
@@ -91,41 +93,59 @@ fn missing_opcode(is_supported: impl Fn(u8) -> bool) -> Option<&'static str> {
 fn setup_error(source: io::Error) -> UringUnavailable {
     match source.raw_os_error() {
         Some(libc::ENOSYS) => UringUnavailable::NotSupported,
-        Some(libc::EPERM) => permission_error(read_sysctl(DISABLED_SYSCTL), read_sysctl(GROUP_SYSCTL)),
+        Some(libc::EPERM) => permission_error(
+            read_sysctl(DISABLED_SYSCTL).as_deref(),
+            read_sysctl(GROUP_SYSCTL),
+        ),
         Some(libc::ENOMEM) => {
             let (soft, hard) = memlock_limit();
             UringUnavailable::Memlock { soft, hard }
         }
-        _ => UringUnavailable::Setup { entries: RING_ENTRIES, source },
+        _ => UringUnavailable::Setup {
+            entries: RING_ENTRIES,
+            source,
+        },
     }
 }
 
-/// Tells apart the reasons io_uring_setup answers EPERM: the machine-wide switch, its group
+/// Tells apart the reasons `io_uring_setup` answers EPERM: the machine-wide switch, its group
 /// restriction, or (with the switch open) a seccomp filter or LSM.
-fn permission_error(disabled: Option<String>, group: Option<String>) -> UringUnavailable {
-    match disabled.as_deref() {
+fn permission_error(disabled: Option<&str>, group: Option<String>) -> UringUnavailable {
+    match disabled {
         Some("2") => UringUnavailable::Disabled { value: 2 },
         Some("1") => UringUnavailable::GroupRestricted {
             group: group.unwrap_or_else(|| "unknown".to_owned()),
         },
-        Some(other) => UringUnavailable::Denied { sysctl: other.to_owned() },
-        None => UringUnavailable::Denied { sysctl: "unknown (sysctl not readable)".to_owned() },
+        Some(other) => UringUnavailable::Denied {
+            sysctl: other.to_owned(),
+        },
+        None => UringUnavailable::Denied {
+            sysctl: "unknown (sysctl not readable)".to_owned(),
+        },
     }
 }
 
 fn read_sysctl(path: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|value| value.trim().to_owned())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|value| value.trim().to_owned())
 }
 
 /// The soft and hard `RLIMIT_MEMLOCK`, in words.
 fn memlock_limit() -> (String, String) {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit only writes the struct it is given, which lives for the whole call.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut limit) } != 0 {
         let unknown = "unknown".to_owned();
         return (unknown.clone(), unknown);
     }
-    (describe_limit(limit.rlim_cur), describe_limit(limit.rlim_max))
+    (
+        describe_limit(limit.rlim_cur),
+        describe_limit(limit.rlim_max),
+    )
 }
 
 fn describe_limit(limit: libc::rlim_t) -> String {
@@ -156,16 +176,22 @@ mod tests {
 
     #[test]
     fn eperm_is_explained_by_the_sysctl() {
-        let disabled = permission_error(Some("2".into()), Some("-1".into()));
+        let disabled = permission_error(Some("2"), Some("-1".into()));
         assert!(matches!(disabled, UringUnavailable::Disabled { value: 2 }));
         assert!(disabled.to_string().contains("kernel.io_uring_disabled=2"));
 
-        let group = permission_error(Some("1".into()), Some("1234".into()));
-        assert!(group.to_string().contains("kernel.io_uring_group=1234"), "{group}");
+        let group = permission_error(Some("1"), Some("1234".into()));
+        assert!(
+            group.to_string().contains("kernel.io_uring_group=1234"),
+            "{group}"
+        );
 
-        let seccomp = permission_error(Some("0".into()), None);
+        let seccomp = permission_error(Some("0"), None);
         assert!(seccomp.to_string().contains("seccomp"), "{seccomp}");
-        assert!(seccomp.to_string().contains("kernel.io_uring_disabled=0"), "{seccomp}");
+        assert!(
+            seccomp.to_string().contains("kernel.io_uring_disabled=0"),
+            "{seccomp}"
+        );
     }
 
     #[test]
@@ -178,7 +204,10 @@ mod tests {
         assert!(memlock.to_string().contains("RLIMIT_MEMLOCK"), "{memlock}");
         assert!(matches!(
             setup_error(io::Error::from_raw_os_error(libc::EINVAL)),
-            UringUnavailable::Setup { entries: RING_ENTRIES, .. }
+            UringUnavailable::Setup {
+                entries: RING_ENTRIES,
+                ..
+            }
         ));
     }
 }
