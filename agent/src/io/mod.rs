@@ -8,10 +8,12 @@
 
 mod engine;
 mod fs;
+mod grpc;
 mod net;
 mod probe;
 
 pub use engine::{EngineError, IoEngine, IoEngineSetting, block_on, select};
 pub use fs::read_small_files;
+pub use grpc::unix_channel;
 pub use net::{Listener, MAX_WRITE, Stream, connect_tcp, connect_unix, spawn_connection};
 pub use probe::{UringUnavailable, probe};
