@@ -78,8 +78,12 @@ impl Listener {
                 listener.set_nonblocking(true)?;
                 ListenerInner::Epoll(tokio::net::TcpListener::from_std(listener)?)
             }
+            // Not tokio-uring's own bind: it sets SO_REUSEPORT, which would let a second agent bind
+            // the same port and silently share its connections.
             IoEngine::Uring => ListenerInner::Uring(UringListener {
-                listener: Rc::new(tokio_uring::net::TcpListener::bind(addr)?),
+                listener: Rc::new(tokio_uring::net::TcpListener::from_std(
+                    std::net::TcpListener::bind(addr)?,
+                )),
                 pending: RefCell::new(None),
             }),
         }))
@@ -583,6 +587,19 @@ mod tests {
                 tokio::task::yield_now().await;
                 let refused = connect_tcp(addr, engine).await.err().unwrap();
                 assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused, "{engine}");
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_port_in_use_is_refused() {
+        for engine in ENGINES {
+            block_on(engine, async move {
+                let first = Listener::bind(loopback(), engine).unwrap();
+                let taken = first.local_addr().unwrap();
+                let err = Listener::bind(taken, engine).err().unwrap();
+                assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{engine}");
             })
             .unwrap();
         }
