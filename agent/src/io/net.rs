@@ -424,6 +424,7 @@ impl AsyncWrite for Stream {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use bytes::Bytes;
@@ -432,6 +433,7 @@ mod tests {
     use hyper::service::service_fn;
     use hyper::{Request, Response};
     use hyper_util::rt::TokioIo;
+    use rustls_pki_types::PrivatePkcs8KeyDer;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
@@ -514,6 +516,66 @@ mod tests {
                     post(&mut sender, Bytes::from_static(b"again")).await,
                     "again"
                 );
+            })
+            .unwrap();
+        }
+    }
+
+    fn tls_configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let rcgen::CertifiedKey { cert, signing_key } =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let key = PrivatePkcs8KeyDer::from(signing_key.serialize_der());
+        let server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key.into())
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+
+    #[test]
+    fn https_round_trip_through_rustls() {
+        let (server_config, client_config) = tls_configs();
+        for engine in ENGINES {
+            let server_config = Arc::clone(&server_config);
+            let client_config = Arc::clone(&client_config);
+            block_on(engine, async move {
+                let listener = Listener::bind(loopback(), engine).unwrap();
+                let addr = listener.local_addr().unwrap();
+                spawn_connection(async move {
+                    let (stream, _) = listener.accept().await.unwrap();
+                    let tls = tokio_rustls::TlsAcceptor::from(server_config)
+                        .accept(stream)
+                        .await
+                        .unwrap();
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service_fn(echo))
+                        .await
+                        .unwrap();
+                });
+
+                let stream = connect_tcp(addr, engine).await.unwrap();
+                let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+                let tls = tokio_rustls::TlsConnector::from(client_config)
+                    .connect(name, stream)
+                    .await
+                    .unwrap();
+                let (mut sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                        .await
+                        .unwrap();
+                spawn_connection(connection);
+                let large = pattern(1024 * 1024);
+                assert_eq!(post(&mut sender, large.clone()).await, large, "{engine}");
             })
             .unwrap();
         }
