@@ -107,15 +107,13 @@ mod tests {
 
     const ENGINES: [IoEngine; 2] = [IoEngine::Uring, IoEngine::Epoll];
 
+    type FrameBody =
+        StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+
     /// Answers every call with the same gRPC `VersionResponse` (enough for a unary CRI call).
     async fn version_reply(
         _request: hyper::Request<Incoming>,
-    ) -> Result<
-        hyper::Response<
-            StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>,
-        >,
-        Infallible,
-    > {
+    ) -> Result<hyper::Response<FrameBody>, Infallible> {
         let message = cri::VersionResponse {
             version: "0.1.0".into(),
             runtime_name: "fake".into(),
