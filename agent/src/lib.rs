@@ -11,6 +11,7 @@ pub mod ebpf;
 pub mod error_chain;
 pub mod event_stream;
 pub mod events;
+pub mod io;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod metrics;
