@@ -19,6 +19,7 @@ use ringlet::ebpf;
 use ringlet::error_chain::error_chain;
 use ringlet::event_stream::{self, EventBroadcaster};
 use ringlet::events::Recorder;
+use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
     ApiParts, Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult,
 };
@@ -53,21 +54,29 @@ fn main() -> ExitCode {
     for warning in &warnings {
         tracing::warn!("{warning}");
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
+    let engine = match io::select(config.kubelet.io_engine) {
+        Ok((engine, None)) => engine,
+        Ok((engine, Some(reason))) => {
+            tracing::warn!("io_uring unavailable, running the epoll engine: {reason}");
+            engine
+        }
         Err(err) => {
-            eprintln!("ringlet: cannot start the async runtime: {err}");
+            let message = error_chain(&err);
+            tracing::error!("{message}");
+            eprintln!("ringlet: {message}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config)) {
-        Ok(code) => code,
-        Err(err) => {
+    tracing::info!(%engine, "io engine");
+    match io::block_on(engine, run(config, engine)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(err)) => {
             tracing::error!("{err:#}");
             eprintln!("ringlet: {err:#}");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("ringlet: {}", error_chain(&err));
             ExitCode::FAILURE
         }
     }
@@ -87,7 +96,7 @@ fn init_logging(verbosity: u8) {
         .init();
 }
 
-async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
+async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> {
     let kc = &config.kubelet;
     std::fs::create_dir_all(config.root_dir.join("pods")).with_context(|| {
         format!(
@@ -98,21 +107,12 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
     let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
-    let runtime_manager = build_runtime(&config, &pod_cgroups, &recorder)?;
+    let runtime_manager = build_runtime(&config, engine, &pod_cgroups, &recorder);
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
     let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
-    let (updates, sources_ready) = podconfig::start(
-        PodConfigOptions {
-            node_name: config.node_name.clone(),
-            manifest_path: kc.static_pod_path.clone(),
-            file_check_frequency: kc.file_check_frequency,
-            manifest_url: kc.static_pod_url.clone(),
-            manifest_url_headers: kc.static_pod_url_header.clone().into_iter().collect(),
-            http_check_frequency: kc.http_check_frequency,
-        },
-        recorder.clone(),
-    );
+    let (updates, sources_ready) = podconfig::start(pod_config_options(&config), recorder.clone());
     let metrics = Metrics::new().context("cannot set up the metrics")?;
+    metrics.set_io_engine(engine);
     let hint_source = if config.runonce {
         None
     } else {
@@ -164,6 +164,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
         stats: stats_provider(&config, &pod_cgroups)?,
         configz: kc.configz(),
         node_log_dir: PathBuf::from(NODE_LOG_DIR),
+        io_engine: engine,
     });
     let (stop_servers, mut servers) = start_servers(kc, api_serving, host).await?;
     let mut stopped = stop_servers.subscribe();
@@ -189,6 +190,19 @@ async fn run(config: AgentConfig) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The pod sources: the manifest path and URL of the configuration.
+fn pod_config_options(config: &AgentConfig) -> PodConfigOptions {
+    let kc = &config.kubelet;
+    PodConfigOptions {
+        node_name: config.node_name.clone(),
+        manifest_path: kc.static_pod_path.clone(),
+        file_check_frequency: kc.file_check_frequency,
+        manifest_url: kc.static_pod_url.clone(),
+        manifest_url_headers: kc.static_pod_url_header.clone().into_iter().collect(),
+        http_check_frequency: kc.http_check_frequency,
+    }
+}
+
 /// Serves the event API for `ringlet events`; a failure only costs that API, not the agent.
 async fn serve_events(
     path: PathBuf,
@@ -201,12 +215,14 @@ async fn serve_events(
         .map_err(|err| anyhow::anyhow!(error_chain(&err)))
 }
 
-/// The CRI runtime manager over the configured endpoint (connected lazily).
+/// The CRI runtime manager over the configured endpoint (connected lazily, its socket I/O on the
+/// engine).
 fn build_runtime(
     config: &AgentConfig,
+    engine: IoEngine,
     pod_cgroups: &Arc<PodContainerManager>,
     recorder: &Recorder,
-) -> anyhow::Result<Arc<KubeGenericRuntimeManager>> {
+) -> Arc<KubeGenericRuntimeManager> {
     let kc = &config.kubelet;
     let helper = Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
@@ -215,9 +231,12 @@ fn build_runtime(
         pod_log_root: kc.pod_logs_dir.clone(),
         pod_cgroups: Arc::clone(pod_cgroups),
     });
-    let cri = CriClient::new(&kc.container_runtime_endpoint, kc.runtime_request_timeout)
-        .context("cannot set up the CRI client")?;
-    Ok(Arc::new(KubeGenericRuntimeManager::new(
+    let cri = CriClient::from_channel(
+        &kc.container_runtime_endpoint,
+        io::unix_channel(kc.runtime_socket_path().to_path_buf(), engine),
+        kc.runtime_request_timeout,
+    );
+    Arc::new(KubeGenericRuntimeManager::new(
         cri,
         helper,
         recorder.clone(),
@@ -225,7 +244,7 @@ fn build_runtime(
             memory_capacity_bytes: memory_capacity_bytes(),
             ..RuntimeSettings::default()
         },
-    )))
+    ))
 }
 
 /// TLS and authentication for the kubelet API; any problem (a bad certificate, an unreachable

@@ -18,6 +18,7 @@ use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
 use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
+use ringlet::io::IoEngine;
 use ringlet::kubelet::{ApiParts, Kubelet, KubeletSettings, NodeHelper};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
@@ -138,6 +139,7 @@ impl Agent {
             stats,
             configz: serde_json::Value::Null,
             node_log_dir: root.path().join("log"),
+            io_engine: IoEngine::Epoll,
         });
         before_run(&fake);
         let kubelet = tokio::spawn(kubelet.run(updates, sources_ready));

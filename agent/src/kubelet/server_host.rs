@@ -13,6 +13,7 @@ use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{
     ContainerState, PodCache, PodStatus, PodUid, Runtime, SandboxId, SandboxState, StreamingRuntime,
 };
+use crate::io::IoEngine;
 use crate::kuberuntime::RuntimeHelper;
 use crate::metrics::Metrics;
 use crate::pleg::PlegHandle;
@@ -44,6 +45,8 @@ pub struct ApiParts {
     pub configz: serde_json::Value,
     /// Served under `/logs/` (the kubelet's `/var/log`).
     pub node_log_dir: PathBuf,
+    /// The I/O engine the agent runs on, shown in the verbose `/healthz`.
+    pub io_engine: IoEngine,
 }
 
 pub struct KubeletServerHost {
@@ -104,7 +107,7 @@ impl ServerHost for KubeletServerHost {
             HealthCheck {
                 name: "ping",
                 result: Ok(()),
-                detail: None,
+                detail: Some(format!("io engine {}", self.api.io_engine)),
             },
             HealthCheck {
                 name: "syncloop",

@@ -18,6 +18,7 @@ use prometheus::{
 };
 
 use crate::container::ContainerState;
+use crate::io::IoEngine;
 use crate::pleg::{HintKind, PlegMode};
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
@@ -131,6 +132,7 @@ struct Inner {
     relists: IntCounterVec,
     ring_buffer_drops: IntCounter,
     pleg_mode: IntGaugeVec,
+    io_engine: IntGaugeVec,
 }
 
 /// A cloneable handle to the agent's metrics.
@@ -305,6 +307,12 @@ impl Metrics {
                 "The PLEG mode in use (1 for the active mode).",
                 "mode",
             )?,
+            io_engine: int_gauge_vec(
+                r,
+                "ringlet_io_engine",
+                "The I/O engine the agent runs on (1 for the engine in use).",
+                "engine",
+            )?,
             registry,
         };
         for label in HintLabel::ALL {
@@ -417,6 +425,16 @@ impl Metrics {
         let current = self.inner.ring_buffer_drops.get();
         if total > current {
             self.inner.ring_buffer_drops.inc_by(total - current);
+        }
+    }
+
+    /// `ringlet_io_engine{engine}`: 1 for `engine`, 0 for the other.
+    pub fn set_io_engine(&self, engine: IoEngine) {
+        for candidate in [IoEngine::Uring, IoEngine::Epoll] {
+            self.inner
+                .io_engine
+                .with_label_values(&[candidate.as_str()])
+                .set(i64::from(candidate == engine));
         }
     }
 

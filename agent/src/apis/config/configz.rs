@@ -68,6 +68,7 @@ impl KubeletConfiguration {
             "enableDebuggingHandlers": self.enable_debugging_handlers,
             "runOnce": self.run_once,
             "plegMode": self.pleg_mode.as_str(),
+            "ioEngine": self.io_engine.as_str(),
             "plegRelistPeriod": self.pleg_relist_period.map(go_duration),
         })
     }

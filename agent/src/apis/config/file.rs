@@ -162,6 +162,7 @@ pub(super) struct RawConfig {
     pub authorization_cache_authorized_ttl: Option<Duration>,
     pub authorization_cache_unauthorized_ttl: Option<Duration>,
     pub streaming_connection_idle_timeout: Option<Duration>,
+    pub io_engine: Option<String>,
 }
 
 /// What reading a document produced: the values, the recognised fields ringlet ignores, and every
@@ -259,6 +260,7 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             // ringlet extensions, not fields of the kubelet's KubeletConfiguration.
             "plegMode" => raw.pleg_mode = reader.string(),
             "plegRelistPeriod" => raw.pleg_relist_period = reader.duration(),
+            "ioEngine" => raw.io_engine = reader.string(),
             other if NOT_IMPLEMENTED.contains(&other) => out.not_implemented.push(other.to_owned()),
             other => unknown.push(other.to_owned()),
         }

@@ -195,6 +195,11 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// ringlet extension: the I/O engine: uring (`io_uring`), epoll, or auto (`io_uring` when the kernel
+    /// allows it) (config: ioEngine).
+    #[arg(long, value_name = "ENGINE")]
+    pub io_engine: Option<String>,
+
     /// Dead instances to keep per container; a negative number keeps all of them.
     #[arg(
         long,
@@ -296,6 +301,7 @@ impl Flags {
             self.streaming_connection_idle_timeout.as_ref(),
         );
         set(&mut raw.pleg_mode, self.pleg_mode.as_ref());
+        set(&mut raw.io_engine, self.io_engine.as_ref());
         set(
             &mut raw.pleg_relist_period,
             self.pleg_relist_period.as_ref(),

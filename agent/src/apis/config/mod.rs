@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::io::IoEngineSetting;
+
 pub use duration::{DurationError, parse_duration};
 pub use flags::Flags;
 
@@ -197,6 +199,8 @@ pub struct KubeletConfiguration {
     pub run_once: bool,
     /// `plegMode` (ringlet extension; default auto).
     pub pleg_mode: PlegModeSetting,
+    /// `ioEngine` (ringlet extension; default auto): `io_uring` or epoll under the agent's sockets.
+    pub io_engine: IoEngineSetting,
     /// `plegRelistPeriod` (ringlet extension): the PLEG's full-relist period; `None` for the mode's
     /// default (1s in relist mode, 60s as the safety relist in ebpf mode).
     pub pleg_relist_period: Option<Duration>,
@@ -245,6 +249,7 @@ impl Default for KubeletConfiguration {
             enable_debugging_handlers: true,
             run_once: false,
             pleg_mode: PlegModeSetting::Auto,
+            io_engine: IoEngineSetting::Auto,
             pleg_relist_period: None,
         }
     }
@@ -702,6 +707,17 @@ fn build(
             PlegModeSetting::Auto
         }
     };
+    let io_engine = match raw.io_engine.as_deref() {
+        None | Some("") => IoEngineSetting::Auto,
+        Some(value) => value.parse().unwrap_or_else(|_| {
+            problem(
+                "ioEngine",
+                "io-engine",
+                format!("{value:?} must be auto, uring or epoll"),
+            );
+            IoEngineSetting::Auto
+        }),
+    };
     if raw.pleg_relist_period.is_some_and(|p| p.is_zero()) {
         problem(
             "plegRelistPeriod",
@@ -760,6 +776,7 @@ fn build(
             .unwrap_or(defaults.enable_debugging_handlers),
         run_once: raw.run_once.unwrap_or(defaults.run_once),
         pleg_mode,
+        io_engine,
         pleg_relist_period: raw.pleg_relist_period.filter(|p| !p.is_zero()),
     }
 }

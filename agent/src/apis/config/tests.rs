@@ -572,3 +572,22 @@ fn configz_output_loads_back_as_the_same_configuration() {
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(reloaded.kubelet, config.kubelet);
 }
+
+#[test]
+fn io_engine_from_file_and_flags() {
+    let (config, _) = load_with_file(&format!("{HEADER}ioEngine: epoll\n"), &[]).expect("loads");
+    assert_eq!(config.kubelet.io_engine, IoEngineSetting::Epoll);
+    let (config, _) = load_with_file(
+        &format!("{HEADER}ioEngine: epoll\n"),
+        &["--io-engine", "uring"],
+    )
+    .expect("loads");
+    assert_eq!(config.kubelet.io_engine, IoEngineSetting::Uring);
+    let (config, _) = load_with_file(HEADER, &[]).expect("loads");
+    assert_eq!(config.kubelet.io_engine, IoEngineSetting::Auto);
+    let problems = invalid_problems(load_with_file(HEADER, &["--io-engine", "kqueue"]));
+    assert_eq!(
+        problems,
+        ["ioEngine (--io-engine): \"kqueue\" must be auto, uring or epoll"]
+    );
+}
