@@ -6,6 +6,7 @@ mod benchkit;
 mod cmd;
 mod demo;
 mod http;
+mod io_bench;
 mod lab;
 mod oci;
 mod pleg_bench;
@@ -60,6 +61,8 @@ enum Bench {
     Pleg(pleg_bench::PlegArgs),
     /// The kubelet API over TLS: requests/s and latency of /pods and /healthz under keep-alive load.
     Server(server_bench::ServerArgs),
+    /// `io_uring` vs epoll engine: CRI round trips, cgroup sweeps and the kubelet API on both.
+    Io(io_bench::IoArgs),
 }
 
 fn main() -> Result<()> {
@@ -75,6 +78,7 @@ fn main() -> Result<()> {
             Bench::Startup(args) => bench::startup(&args),
             Bench::Pleg(args) => pleg_bench::pleg(&args),
             Bench::Server(args) => server_bench::server(&args),
+            Bench::Io(args) => io_bench::io(&args),
         },
     }
 }

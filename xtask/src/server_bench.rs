@@ -156,10 +156,10 @@ pub fn server(args: &ServerArgs) -> Result<()> {
 }
 
 /// What the connections of one case measured (the warm-up excluded).
-struct LoadResult {
-    latencies_ms: Vec<f64>,
-    errors: usize,
-    elapsed: Duration,
+pub(crate) struct LoadResult {
+    pub(crate) latencies_ms: Vec<f64>,
+    pub(crate) errors: usize,
+    pub(crate) elapsed: Duration,
 }
 
 impl LoadResult {
@@ -181,7 +181,7 @@ impl LoadResult {
     }
 }
 
-async fn run_load(
+pub(crate) async fn run_load(
     tls: Arc<rustls::ClientConfig>,
     port: u16,
     path: &str,
@@ -248,7 +248,10 @@ async fn connection(
     Ok((latencies, errors))
 }
 
-fn client_config(server_cert: &Path, run_dir: &Path) -> Result<Arc<rustls::ClientConfig>> {
+pub(crate) fn client_config(
+    server_cert: &Path,
+    run_dir: &Path,
+) -> Result<Arc<rustls::ClientConfig>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(server_cert)
         .with_context(|| format!("reading {}", server_cert.display()))?
