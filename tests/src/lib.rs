@@ -279,7 +279,10 @@ impl Agent {
         }
         // `cargo xtask test` runs the suite once per I/O engine.
         if let Ok(engine) = std::env::var(IO_ENGINE_ENV)
-            && !options.args.iter().any(|arg| arg.starts_with("--io-engine"))
+            && !options
+                .args
+                .iter()
+                .any(|arg| arg.starts_with("--io-engine"))
         {
             args.extend(["--io-engine".to_owned(), engine]);
         }
