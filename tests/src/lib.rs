@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
+/// Names the I/O engine (`uring`, `epoll`) every agent of the suite runs on; unset leaves `auto`.
+pub const IO_ENGINE_ENV: &str = "RINGLET_E2E_IO_ENGINE";
+
 /// The containerd socket the lab starts.
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
@@ -273,6 +276,15 @@ impl Agent {
         ];
         if let Some(url) = &options.manifest_url {
             args.extend(["--manifest-url".to_owned(), url.clone()]);
+        }
+        // `cargo xtask test` runs the suite once per I/O engine.
+        if let Ok(engine) = std::env::var(IO_ENGINE_ENV)
+            && !options
+                .args
+                .iter()
+                .any(|arg| arg.starts_with("--io-engine"))
+        {
+            args.extend(["--io-engine".to_owned(), engine]);
         }
         args.extend(options.args);
         let mut agent = Self {

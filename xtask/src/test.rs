@@ -28,11 +28,17 @@ pub fn run() -> Result<()> {
         .args(["--ignored", "--test-threads=1"])
         .status()?
         .success();
-    let end_to_end = cargo()
-        .current_dir(&root)
-        .args(["test", "-p", "ringlet-tests", "--", "--test-threads=1"])
-        .status()?
-        .success();
+    // Both I/O engines are first-class: the end-to-end suite runs once on each.
+    let mut end_to_end = true;
+    for engine in ["uring", "epoll"] {
+        println!("== end-to-end tests on the {engine} engine");
+        end_to_end &= cargo()
+            .current_dir(&root)
+            .env(ringlet_tests::IO_ENGINE_ENV, engine)
+            .args(["test", "-p", "ringlet-tests", "--", "--test-threads=1"])
+            .status()?
+            .success();
+    }
     let privileged = smoke && end_to_end;
 
     let verdict = |ok: bool| if ok { "passed" } else { "FAILED" };

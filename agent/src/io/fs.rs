@@ -20,14 +20,30 @@ const FIRST_READ: usize = 4 * 1024;
 const MAX_OPEN: usize = 64;
 
 /// Reads each file to its end; one result per path, in the order of `paths`. A file that cannot be
-/// opened or read fails only its own entry. Must run inside [`block_on`](super::block_on).
+/// opened or read fails only its own entry. Must run inside [`block_on`](super::block_on). The
+/// returned future is `Send` on both engines.
 pub async fn read_small_files(paths: &[PathBuf], engine: IoEngine) -> Vec<io::Result<Vec<u8>>> {
     match engine {
         IoEngine::Uring => {
-            futures::stream::iter(paths.iter().map(read_uring))
-                .buffered(MAX_OPEN)
-                .collect()
-                .await
+            // uring file handles are `!Send`: the sweep runs as a local task, so the caller's
+            // future stays `Send` (request handlers are) on both engines.
+            let owned = paths.to_vec();
+            let sweep = tokio::task::spawn_local(async move {
+                futures::stream::iter(owned.iter().map(read_uring))
+                    .buffered(MAX_OPEN)
+                    .collect::<Vec<_>>()
+                    .await
+            });
+            match sweep.await {
+                Ok(contents) => contents,
+                Err(join_error) => {
+                    let reason = join_error.to_string();
+                    paths
+                        .iter()
+                        .map(|_| Err(io::Error::other(reason.clone())))
+                        .collect()
+                }
+            }
         }
         IoEngine::Epoll => {
             let owned = paths.to_vec();

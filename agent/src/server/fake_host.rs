@@ -93,7 +93,7 @@ impl ServerHost for FakeHost {
         Ok(self.pods[..1].to_vec())
     }
 
-    async fn stats_summary(&self) -> Result<Summary, HostError> {
+    async fn stats_summary(&self, _cpu_and_memory_only: bool) -> Result<Summary, HostError> {
         Err(HostError::Unavailable("no stats in this test".to_owned()))
     }
 

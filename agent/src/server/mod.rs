@@ -57,8 +57,10 @@ pub trait ServerHost: Send + Sync + 'static {
     fn node_log_dir(&self) -> &Path;
     /// Pods as the runtime sees them (`/runningpods/`): only what the runtime knows, no spec.
     async fn running_pods(&self) -> Result<Vec<Pod>, HostError>;
-    /// The Summary API (`/stats/summary`) for the node and its running pods.
-    async fn stats_summary(&self) -> Result<Summary, HostError>;
+    /// The Summary API (`/stats/summary`) for the node and its running pods; with
+    /// `cpu_and_memory_only` without filesystem figures (`?only_cpu_and_memory=true`,
+    /// `/metrics/resource`).
+    async fn stats_summary(&self, cpu_and_memory_only: bool) -> Result<Summary, HostError>;
     /// The container a path names: the newest instance, or with `previous` the one before it.
     async fn container(
         &self,

@@ -117,12 +117,16 @@ impl Router {
                     text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"))
                 }
             },
-            Route::MetricsResource => match self.host.stats_summary().await {
+            Route::MetricsResource => match self.host.stats_summary(true).await {
                 Ok(summary) => prometheus_text(stats::render_resource_metrics(&summary)),
                 Err(error) => host_error(&error),
             },
             Route::MetricsProbes => prometheus_text(PROBE_METRICS.to_owned()),
-            Route::StatsSummary => match self.host.stats_summary().await {
+            Route::StatsSummary => match self
+                .host
+                .stats_summary(query_values(query, "only_cpu_and_memory").any(|v| v == "true"))
+                .await
+            {
                 Ok(summary) => json(&summary),
                 Err(error) => host_error(&error),
             },

@@ -78,6 +78,28 @@ impl CgroupLayout {
         }
     }
 
+    /// The files [`cpu_usage_ns`](Self::cpu_usage_ns) and [`memory`](Self::memory) read for a cgroup.
+    pub(super) fn files(&self, cgroup: &str) -> Vec<PathBuf> {
+        match self {
+            Self::V1 { cpuacct, memory } => {
+                let memory = cgroup_dir(memory, cgroup);
+                vec![
+                    cgroup_dir(cpuacct, cgroup).join("cpuacct.usage"),
+                    memory.join("memory.usage_in_bytes"),
+                    memory.join("memory.stat"),
+                    memory.join("memory.limit_in_bytes"),
+                ]
+            }
+            Self::V2 { root } => {
+                let dir = cgroup_dir(root, cgroup);
+                ["cpu.stat", "memory.current", "memory.stat", "memory.max"]
+                    .iter()
+                    .map(|file| dir.join(file))
+                    .collect()
+            }
+        }
+    }
+
     /// Cumulative CPU time of the cgroup in nanoseconds.
     pub(super) fn cpu_usage_ns(&self, cgroup: &str) -> Result<u64, StatsError> {
         match self {

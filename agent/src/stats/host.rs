@@ -1,6 +1,7 @@
 //! Node-wide figures from procfs, filesystem usage from `statvfs`, and the bytes a directory tree
 //! holds (cAdvisor's machine and filesystem stats as the kubelet uses them).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
@@ -12,8 +13,44 @@ use super::StatsError;
 use super::cgroup::{MemorySample, parse_u64, required};
 use super::types::InterfaceStats;
 
-/// Reads a whole (small) file.
+/// The contents of files read ahead, by path.
+type ReadAhead = HashMap<PathBuf, Vec<u8>>;
+
+thread_local! {
+    /// Files read ahead for the scrape running on this thread (see [`with_prefetched`]).
+    static PREFETCHED: RefCell<Option<ReadAhead>> = const { RefCell::new(None) };
+}
+
+/// Runs `scrape` with `files` as the contents of those paths: the cgroup files of a scrape are read
+/// ahead in one batch through the agent's I/O engine, and the (synchronous) parsing reads them
+/// from memory. Paths not in `files` (they could not be read ahead) are read from disk as usual.
+pub(super) fn with_prefetched<T>(
+    files: HashMap<PathBuf, Vec<u8>>,
+    scrape: impl FnOnce() -> T,
+) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            PREFETCHED.with_borrow_mut(|prefetched| *prefetched = None);
+        }
+    }
+    PREFETCHED.with_borrow_mut(|prefetched| *prefetched = Some(files));
+    let _reset = Reset;
+    scrape()
+}
+
+/// Reads a whole (small) file, from the read-ahead of the running scrape when it holds it.
 pub(super) fn read_to_string(path: &Path) -> Result<String, StatsError> {
+    let prefetched = PREFETCHED.with_borrow(|prefetched| {
+        prefetched.as_ref().and_then(|files| {
+            files
+                .get(path)
+                .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+        })
+    });
+    if let Some(text) = prefetched {
+        return Ok(text);
+    }
     std::fs::read_to_string(path).map_err(|source| StatsError::Read {
         path: path.to_owned(),
         source,

@@ -209,6 +209,42 @@ impl StatsProvider {
         )
     }
 
+    /// The cgroup files a scrape of `pods` reads (the node's root cgroup, each pod's and each
+    /// container's), for reading them ahead in one batch.
+    pub fn cgroup_files(&self, pods: &[PodStatsInput]) -> Vec<PathBuf> {
+        let settings = &self.inner.settings;
+        let layout = &settings.cgroups;
+        let mut files = layout.files(ROOT_CGROUP);
+        for pod in pods {
+            if settings.cgroups_per_qos {
+                files.extend(layout.files(&pod.cgroup));
+            }
+            for container in &pod.containers {
+                let cgroup = container_cgroup(settings.cgroup_driver, &pod.cgroup, &container.id);
+                files.extend(layout.files(&cgroup));
+            }
+        }
+        files
+    }
+
+    /// [`summary`](Self::summary) (or, with `cpu_and_memory_only`,
+    /// [`cpu_and_memory_summary`](Self::cpu_and_memory_summary)) with the contents of `files` read
+    /// ahead, e.g. the [`cgroup_files`](Self::cgroup_files) read through the I/O engine.
+    pub fn summary_prefetched(
+        &self,
+        pods: &[PodStatsInput],
+        files: HashMap<PathBuf, Vec<u8>>,
+        cpu_and_memory_only: bool,
+    ) -> Summary {
+        host::with_prefetched(files, || {
+            if cpu_and_memory_only {
+                self.cpu_and_memory_summary(pods)
+            } else {
+                self.summary(pods)
+            }
+        })
+    }
+
     /// Only CPU, memory and swap, without walking any directory: the kubelet's
     /// `/stats/summary?only_cpu_and_memory=true` and the input of `/metrics/resource`.
     pub fn cpu_and_memory_summary(&self, pods: &[PodStatsInput]) -> Summary {
@@ -477,13 +513,8 @@ impl Scrape<'_> {
         }
     }
 
-    /// containerd names a container's cgroup after its id below the sandbox's cgroup parent.
     fn container_cgroup(&self, parent: &str, id: &ContainerId) -> String {
-        let parent = parent.trim_end_matches('/');
-        match self.settings().cgroup_driver {
-            CgroupDriver::Cgroupfs => format!("{parent}/{id}"),
-            CgroupDriver::Systemd => format!("{parent}/cri-containerd-{id}.scope"),
-        }
+        container_cgroup(self.settings().cgroup_driver, parent, id)
     }
 
     fn cgroup_usage(&mut self, cgroup: &str) -> (Option<CpuStats>, Option<MemoryStats>) {
@@ -540,6 +571,15 @@ fn nano_cores(previous: CpuSample, current: CpuSample) -> Option<u64> {
     let elapsed = u128::try_from(elapsed).ok().filter(|ns| *ns > 0)?;
     let used = u128::from(current.usage_ns.checked_sub(previous.usage_ns)?);
     u64::try_from(used * 1_000_000_000 / elapsed).ok()
+}
+
+/// containerd names a container's cgroup after its id below the sandbox's cgroup parent.
+fn container_cgroup(driver: CgroupDriver, parent: &str, id: &ContainerId) -> String {
+    let parent = parent.trim_end_matches('/');
+    match driver {
+        CgroupDriver::Cgroupfs => format!("{parent}/{id}"),
+        CgroupDriver::Systemd => format!("{parent}/cri-containerd-{id}.scope"),
+    }
 }
 
 fn memory_stats(sample: &MemorySample, time: Timestamp) -> MemoryStats {

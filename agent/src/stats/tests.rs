@@ -1117,3 +1117,50 @@ fn resource_metrics_pass_promtool() {
         );
     }
 }
+
+#[test]
+fn a_scrape_reads_its_cgroup_files_from_the_read_ahead() {
+    let fixture = Fixture::v1();
+    let container = format!("{POD_CGROUP}/{CONTAINER_ID}");
+    fixture.v1_cgroup(POD_CGROUP, 5_000_000_000, v1_memory(MIB, 0, V1_UNLIMITED));
+    fixture.v1_cgroup(&container, 1_000_000_000, v1_memory(MIB, 0, V1_UNLIMITED));
+    let clock = ManualClock::at(1_700_001_000);
+    let provider = fixture.provider(&clock);
+    let pods = [pod_input(vec![container_input("app", CONTAINER_ID)])];
+
+    let files = provider.cgroup_files(&pods);
+    // The root cgroup, the pod and the container: four files each on v1.
+    assert_eq!(files.len(), 12);
+    let container_usage = files
+        .iter()
+        .find(|path| path.ends_with(format!("{CONTAINER_ID}/cpuacct.usage")))
+        .expect("the container's cpuacct.usage is read")
+        .clone();
+    // The fixture has no root cgroup files; the pod's and the container's are all there.
+    assert!(files[4..].iter().all(|path| path.exists()), "{files:?}");
+
+    // The read-ahead is what the scrape sees, not the file on disk.
+    let read_ahead = std::collections::HashMap::from([(container_usage, b"7000000000\n".to_vec())]);
+    let summary = provider.summary_prefetched(&pods, read_ahead, true);
+    let cpu = summary.pods[0].containers[0].cpu.as_ref().unwrap();
+    assert_eq!(cpu.usage_core_nano_seconds, Some(7_000_000_000));
+    assert!(summary.node.fs.is_none(), "cpu and memory only");
+    // Files not read ahead still come from disk, and the read-ahead ends with its scrape.
+    assert_eq!(
+        summary.pods[0]
+            .cpu
+            .as_ref()
+            .unwrap()
+            .usage_core_nano_seconds,
+        Some(5_000_000_000)
+    );
+    let later = provider.summary(&pods);
+    assert_eq!(
+        later.pods[0].containers[0]
+            .cpu
+            .as_ref()
+            .unwrap()
+            .usage_core_nano_seconds,
+        Some(1_000_000_000)
+    );
+}
