@@ -134,6 +134,63 @@ async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A host whose `/pods` answer is over 1 MiB, so a response takes many writes.
+pub(crate) fn host_with_large_pods() -> FakeHost {
+    let mut host = FakeHost::new();
+    host.pods = (0..64)
+        .map(|i| {
+            let mut pod = super::fake_host::pod(&format!("big{i}"), "Running");
+            pod.metadata.annotations = Some([("filler".to_owned(), "x".repeat(20 << 10))].into());
+            pod
+        })
+        .collect();
+    host
+}
+
+/// Round trips of `/healthz` on one keep-alive connection through the whole listener, client and
+/// server on the engine's thread. Run with
+/// `cargo test --release -p ringlet --lib server::tests::healthz_latency -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement, not a test; run in release mode"]
+fn healthz_latency() {
+    const REQUESTS: u32 = 5_000;
+    for engine in [IoEngine::Uring, IoEngine::Epoll] {
+        let elapsed = io::block_on(engine, async move {
+            let server = start(engine, Arc::new(FakeHost::new()), true);
+            let stream = io::connect_tcp(server.addr, engine).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            spawn_connection(connection);
+            let mut started = None;
+            for round in 0..=REQUESTS {
+                if round == 1 {
+                    started = Some(std::time::Instant::now());
+                }
+                sender.ready().await.unwrap();
+                let request = Request::get("/healthz")
+                    .header(HOST, "localhost")
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let response = sender.send_request(request).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                response.into_body().collect().await.unwrap();
+            }
+            let elapsed = started.unwrap().elapsed();
+            drop(sender);
+            stop(server).await.unwrap();
+            elapsed
+        })
+        .unwrap();
+        println!(
+            "{engine}: {REQUESTS} requests in {elapsed:?}, {:?} per round trip",
+            elapsed / REQUESTS
+        );
+    }
+}
+
 async fn stop(running: Running) -> Result<(), ServerError> {
     running.stop.send(()).unwrap();
     running.task.await.unwrap()
@@ -156,6 +213,22 @@ async fn pods_is_a_pod_list_of_the_hosts_pods(engine: IoEngine) {
         list.items[0].status.as_ref().unwrap().phase.as_deref(),
         Some("Running")
     );
+
+    stop(server).await.unwrap();
+}
+
+async fn a_response_over_a_mebibyte_arrives_whole(engine: IoEngine) {
+    let host = Arc::new(host_with_large_pods());
+    let server = start(engine, Arc::clone(&host), false);
+
+    // Twice: the listener keeps serving after a large answer.
+    for _ in 0..2 {
+        let reply = get(server.addr, "/pods").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body.len() > 1 << 20, "{}", reply.body.len());
+        let list: List<Pod> = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(list.items, host.pods);
+    }
 
     stop(server).await.unwrap();
 }
@@ -557,6 +630,7 @@ async fn debugging_endpoints_check_their_input_and_can_be_disabled(engine: IoEng
 on_both_engines! {
     Paused: [
         pods_is_a_pod_list_of_the_hosts_pods,
+        a_response_over_a_mebibyte_arrives_whole,
         healthz_passes_then_fails_with_verbose_output,
         metrics_are_prometheus_text_on_the_read_only_port_only,
         single_checks_and_unknown_paths,

@@ -857,6 +857,30 @@ async fn upgraded_connections_pass_through_tls(engine: IoEngine) {
     server.stop().await;
 }
 
+async fn a_response_over_a_mebibyte_arrives_whole_over_tls(engine: IoEngine) {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = ServingTls::load(&settings(dir.path())).unwrap();
+    let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
+    let host = Arc::new(crate::server::tests::host_with_large_pods());
+    let router = Router::new(Arc::clone(&host) as _, Endpoints::ReadOnly);
+    let server = start_tls(engine, tls, router, ServeLimits::default());
+
+    let answer = fetch(
+        server.addr,
+        &Client::trusting(&[&cert_pem]),
+        "localhost",
+        "/pods",
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(answer.body.len() > 1 << 20, "{}", answer.body.len());
+    let list: k8s_openapi::List<k8s_openapi::api::core::v1::Pod> =
+        serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(list.items, host.pods);
+    server.stop().await;
+}
+
 // ---- rotation ----
 
 async fn rotated_files_are_served_to_new_connections(engine: IoEngine) {
@@ -1163,6 +1187,7 @@ on_both_engines! {
         client_certificates_are_verified_and_handed_to_requests,
         without_a_client_ca_client_certificates_are_not_requested,
         upgraded_connections_pass_through_tls,
+        a_response_over_a_mebibyte_arrives_whole_over_tls,
         rotated_files_are_served_to_new_connections,
         client_ca_changes_apply_to_new_handshakes,
         curl_trusts_the_generated_certificate,
