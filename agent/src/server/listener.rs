@@ -3,8 +3,9 @@
 //! size and header-time limits, a TLS handshake deadline, and graceful shutdown (stop accepting, let
 //! open requests finish, give up after a bounded wait).
 //!
-//! Sockets come from the I/O engine ([`crate::io::Listener`]); connections are tasks on the current
-//! thread ([`crate::io::spawn_connection`]), so the listener runs inside [`crate::io::block_on`].
+//! Sockets come from the I/O engine ([`crate::io::Listener`]) and each connection is a local task on
+//! the engine's thread (as [`crate::io::spawn_connection`] makes them), so the listener runs inside
+//! [`crate::io::block_on`] and the I/O of every connection goes through the engine.
 
 use std::convert::Infallible;
 use std::future::Future;
