@@ -166,7 +166,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         node_log_dir: PathBuf::from(NODE_LOG_DIR),
         io_engine: engine,
     });
-    let (stop_servers, mut servers) = start_servers(kc, api_serving, host).await?;
+    let (stop_servers, mut servers) = start_servers(kc, engine, api_serving, &host)?;
     let mut stopped = stop_servers.subscribe();
     servers.push(tokio::spawn(serve_events(
         config.events_socket.clone(),
@@ -361,12 +361,14 @@ fn report_run_once(results: &[RunPodResult]) -> ExitCode {
 
 type ServerTasks = Vec<tokio::task::JoinHandle<anyhow::Result<()>>>;
 
-/// Binds the kubelet API, healthz and read-only listeners (a bind error is fatal) and serves them
-/// until the returned sender says stop.
-async fn start_servers(
+/// Binds the kubelet API, healthz and read-only listeners on `engine`'s sockets (a bind error is
+/// fatal) and serves them until the returned sender says stop. Must run inside `io::block_on`: the
+/// servers are tasks on its thread.
+fn start_servers(
     kc: &KubeletConfiguration,
+    engine: IoEngine,
     api: Option<ApiServing>,
-    host: Arc<KubeletServerHost>,
+    host: &Arc<KubeletServerHost>,
 ) -> anyhow::Result<(watch::Sender<bool>, ServerTasks)> {
     let (stop_servers, servers_stopped) = watch::channel(false);
     let shutdown = move || {
@@ -377,23 +379,23 @@ async fn start_servers(
     };
     let mut servers = Vec::new();
     if let Some(addr) = kc.healthz_addr() {
-        let listener = server::bind(addr).await?;
+        let listener = server::bind(addr, engine)?;
         tracing::info!(%addr, "serving healthz");
         let serving = server::serve_healthz(listener, host.clone(), shutdown());
-        servers.push(tokio::spawn(async move { Ok(serving.await?) }));
+        servers.push(io::spawn_connection(async move { Ok(serving.await?) }));
     }
     if let Some(serving) = api {
         let addr = kc.server_addr();
-        let listener = server::bind(addr).await?;
+        let listener = server::bind(addr, engine)?;
         tracing::info!(%addr, "serving the kubelet API over TLS");
         let serving = server::serve_api(listener, serving, host.clone(), shutdown());
-        servers.push(tokio::spawn(async move { Ok(serving.await?) }));
+        servers.push(io::spawn_connection(async move { Ok(serving.await?) }));
     }
     if let Some(addr) = kc.read_only_addr() {
-        let listener = server::bind(addr).await?;
+        let listener = server::bind(addr, engine)?;
         tracing::info!(%addr, "serving the read-only API");
         let serving = server::serve_read_only(listener, host.clone(), shutdown());
-        servers.push(tokio::spawn(async move { Ok(serving.await?) }));
+        servers.push(io::spawn_connection(async move { Ok(serving.await?) }));
     }
     Ok((stop_servers, servers))
 }

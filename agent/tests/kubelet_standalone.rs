@@ -18,7 +18,7 @@ use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
 use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
-use ringlet::io::IoEngine;
+use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{ApiParts, Kubelet, KubeletSettings, NodeHelper};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
@@ -206,15 +206,15 @@ impl Agent {
     }
 }
 
-/// Serves the agent's `/healthz` on a free loopback port for as long as the test runs.
-async fn serve_healthz(host: Arc<dyn ServerHost>) -> SocketAddr {
-    let listener = server::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
+/// Serves the agent's `/healthz` on a free loopback port for as long as the test runs; the test runs
+/// inside `io::block_on(engine, ..)`, as the agent does.
+fn serve_healthz(host: Arc<dyn ServerHost>, engine: IoEngine) -> SocketAddr {
+    let listener = server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), engine)
         .unwrap_or_else(|e| panic!("binding the healthz listener: {e}"));
     let addr = listener
         .local_addr()
         .unwrap_or_else(|e| panic!("reading the healthz address: {e}"));
-    tokio::spawn(server::serve_healthz(
+    io::spawn_connection(server::serve_healthz(
         listener,
         host,
         std::future::pending(),
@@ -335,10 +335,18 @@ async fn a_crashed_container_is_restarted_and_counted() {
     );
 }
 
-#[tokio::test]
-async fn pods_wait_for_an_unavailable_runtime() {
+#[test]
+fn pods_wait_for_an_unavailable_runtime() {
+    io::block_on(
+        IoEngine::Uring,
+        pods_wait_for_an_unavailable_runtime_on(IoEngine::Uring),
+    )
+    .unwrap_or_else(|e| panic!("running the test on io_uring: {e}"));
+}
+
+async fn pods_wait_for_an_unavailable_runtime_on(engine: IoEngine) {
     let agent = Agent::start(|fake| fake.set_unavailable(true));
-    let healthz = serve_healthz(Arc::clone(&agent.host)).await;
+    let healthz = serve_healthz(Arc::clone(&agent.host), engine);
     agent.write_manifest();
 
     // The PLEG keeps relisting while the runtime is down: five failed relists give the file source

@@ -21,5 +21,7 @@ mod probe;
 pub use engine::{EngineError, IoEngine, IoEngineSetting, block_on, select};
 pub use fs::read_small_files;
 pub use grpc::unix_channel;
-pub use net::{Listener, MAX_WRITE, Stream, connect_tcp, connect_unix, spawn_connection};
+pub use net::{
+    Listener, MAX_WRITE, SendStream, Stream, connect_tcp, connect_unix, spawn_connection,
+};
 pub use probe::{UringUnavailable, probe};

@@ -17,21 +17,29 @@
 //!   write and reports them written at once. The next `poll_write`, `poll_flush` or `poll_shutdown`
 //!   first waits for that write to complete (short writes are resumed) and returns its error, if
 //!   any. Hence one write is in flight at a time, `poll_flush` means "on the wire", and an error is
-//!   reported one call late. Dropping a stream without flushing can lose the last write.
+//!   reported one call late.
 //! - `poll_shutdown` flushes, then shuts the write side down.
-//! - Dropping a stream with an operation in flight shuts the socket down, so that the operation
-//!   completes and the descriptor is closed instead of waiting for the peer.
+//! - Dropping a stream with a read in flight shuts the socket's read side down, so that the read
+//!   completes instead of waiting for the peer. A write in flight is left to complete, as the kernel
+//!   would send bytes a tokio socket had accepted (say a TLS alert written just before the drop); the
+//!   descriptor closes after it. Only the rest of a write the kernel took in part is lost.
 //! - [`Listener::accept`] keeps its accept operation in the listener, so it is cancel safe.
+//!
+//! hyper's HTTP upgrades (exec, attach, port-forward) box the connection as `Send`, so a server that
+//! serves upgrades turns its streams into [`SendStream`]s: `Send` in type, but a uring stream inside
+//! still works only on the engine's thread (it refuses any use elsewhere).
 
 use std::cell::RefCell;
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::mem::ManuallyDrop;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, ready};
+use std::thread::ThreadId;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -205,6 +213,128 @@ impl Stream {
     }
 }
 
+/// A [`Stream`] that may be moved where `Send` is required (hyper's upgrades box the connection as
+/// `Send`). A uring stream inside stays bound to the thread that made it: used on another thread, it
+/// answers with an error; dropped on another thread, it is leaked. On the engine's thread, where
+/// [`block_on`](super::block_on) runs every task, it behaves exactly like the [`Stream`].
+pub struct SendStream {
+    stream: ManuallyDrop<Stream>,
+    /// The thread of a uring stream; `None` for tokio's sockets, which are `Send` themselves.
+    owner: Option<ThreadId>,
+}
+
+impl Stream {
+    /// Makes the stream `Send` in type; see [`SendStream`].
+    pub fn into_send(self) -> SendStream {
+        let owner = match self.0 {
+            StreamInner::Tcp(_) | StreamInner::Unix(_) => None,
+            StreamInner::Uring(_) => Some(current_thread()),
+        };
+        SendStream {
+            stream: ManuallyDrop::new(self),
+            owner,
+        }
+    }
+}
+
+// SAFETY: the tokio variants of `Stream` are `Send`. A uring stream (its `Rc`s and tokio-uring
+// operations are not) is only ever touched on `owner`: every poll checks the thread first, and `Drop`
+// leaks it on any other thread. `SendStream` is not `Sync`, so `&self` never crosses threads.
+unsafe impl Send for SendStream {}
+
+thread_local! {
+    static THREAD: ThreadId = std::thread::current().id();
+}
+
+fn current_thread() -> ThreadId {
+    THREAD.with(|id| *id)
+}
+
+impl SendStream {
+    fn on_owner_thread(&self) -> bool {
+        // While thread-locals are torn down no thread can be proven: treat it as foreign.
+        self.owner
+            .is_none_or(|owner| THREAD.try_with(|id| *id == owner).unwrap_or(false))
+    }
+
+    fn stream(&mut self) -> io::Result<Pin<&mut Stream>> {
+        if self.on_owner_thread() {
+            Ok(Pin::new(&mut *self.stream))
+        } else {
+            Err(io::Error::other(
+                "an io_uring stream was used off the thread of its engine",
+            ))
+        }
+    }
+}
+
+impl Drop for SendStream {
+    fn drop(&mut self) {
+        if self.on_owner_thread() {
+            // SAFETY: dropped once, here, on the thread the stream belongs to.
+            unsafe { ManuallyDrop::drop(&mut self.stream) };
+        } else {
+            tracing::warn!("leaking an io_uring stream dropped off the thread of its engine");
+        }
+    }
+}
+
+impl AsyncRead for SendStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut().stream() {
+            Ok(stream) => stream.poll_read(cx, buf),
+            Err(err) => Poll::Ready(Err(err)),
+        }
+    }
+}
+
+impl AsyncWrite for SendStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut().stream() {
+            Ok(stream) => stream.poll_write(cx, buf),
+            Err(err) => Poll::Ready(Err(err)),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut().stream() {
+            Ok(stream) => stream.poll_write_vectored(cx, bufs),
+            Err(err) => Poll::Ready(Err(err)),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        // Reads only which variant this is; no shared state is touched.
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut().stream() {
+            Ok(stream) => stream.poll_flush(cx),
+            Err(err) => Poll::Ready(Err(err)),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut().stream() {
+            Ok(stream) => stream.poll_shutdown(cx),
+            Err(err) => Poll::Ready(Err(err)),
+        }
+    }
+}
+
 enum UringSocket {
     Tcp(tokio_uring::net::TcpStream),
     Unix(tokio_uring::net::UnixStream),
@@ -229,13 +359,6 @@ impl UringSocket {
         match self {
             UringSocket::Tcp(stream) => stream.shutdown(how),
             UringSocket::Unix(stream) => stream.shutdown(how),
-        }
-    }
-
-    fn raw_fd(&self) -> std::os::fd::RawFd {
-        match self {
-            UringSocket::Tcp(stream) => stream.as_raw_fd(),
-            UringSocket::Unix(stream) => stream.as_raw_fd(),
         }
     }
 }
@@ -348,13 +471,19 @@ impl UringStream {
 
 impl Drop for UringStream {
     fn drop(&mut self) {
-        let in_flight = matches!(self.read, ReadState::Reading(_))
-            || matches!(self.write, WriteState::Writing(_));
-        if in_flight {
-            // tokio-uring does not cancel dropped operations: a read would keep the descriptor (and
-            // the connection) open until the peer sends or closes. Shutting down completes it now.
-            shutdown_fd(self.socket.raw_fd());
-        }
+        // tokio-uring does not cancel dropped operations, and each keeps the descriptor open until it
+        // completes: a read would wait for the peer to send or close, so shutting down completes it
+        // now. A write may not even be submitted yet (submission waits for the runtime to park), so
+        // the write side is left open for it.
+        let how = if matches!(self.write, WriteState::Writing(_)) {
+            Shutdown::Read
+        } else if matches!(self.read, ReadState::Reading(_)) {
+            Shutdown::Both
+        } else {
+            return;
+        };
+        // It may already be shut down, or reset by the peer: nothing left to do then.
+        let _ = self.socket.shutdown(how);
     }
 }
 
@@ -682,6 +811,74 @@ mod tests {
                 drop(server);
                 let eof = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf));
                 assert_eq!(eof.await.unwrap().unwrap(), 0, "{engine}");
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_write_is_delivered_when_the_stream_is_dropped_right_after_it() {
+        for engine in ENGINES {
+            block_on(engine, async move {
+                let listener = Listener::bind(loopback(), engine).unwrap();
+                let mut client = connect_tcp(listener.local_addr().unwrap(), engine)
+                    .await
+                    .unwrap();
+                let (mut server, _) = listener.accept().await.unwrap();
+                let mut buf = [0; 16];
+                // A read in flight too, as when a TLS stream fails mid-handshake.
+                let idle = tokio::time::timeout(Duration::from_millis(20), server.read(&mut buf));
+                assert!(idle.await.is_err());
+                server.write_all(b"goodbye").await.unwrap();
+                drop(server);
+                let mut received = Vec::new();
+                let eof =
+                    tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut received));
+                eof.await.unwrap().unwrap();
+                assert_eq!(received, b"goodbye", "{engine}");
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_send_stream_works_only_on_its_engines_thread() {
+        for engine in ENGINES {
+            block_on(engine, async move {
+                let listener = Listener::bind(loopback(), engine).unwrap();
+                let mut client = connect_tcp(listener.local_addr().unwrap(), engine)
+                    .await
+                    .unwrap();
+                let (server, _) = listener.accept().await.unwrap();
+                let mut server = server.into_send();
+                // Elsewhere a uring stream refuses to be used; tokio's sockets work anywhere.
+                let (mut server, elsewhere) = std::thread::spawn(move || {
+                    let waker = futures::task::noop_waker();
+                    let mut cx = Context::from_waker(&waker);
+                    let write = Pin::new(&mut server).poll_write(&mut cx, b"x");
+                    (server, write)
+                })
+                .join()
+                .unwrap();
+                match engine {
+                    IoEngine::Uring => {
+                        let Poll::Ready(Err(err)) = elsewhere else {
+                            panic!("{elsewhere:?}")
+                        };
+                        assert!(err.to_string().contains("off the thread"), "{err}");
+                    }
+                    IoEngine::Epoll => assert!(matches!(elsewhere, Poll::Ready(Ok(1)))),
+                }
+                // Back on its thread it works as before.
+                server.write_all(b"ok").await.unwrap();
+                server.shutdown().await.unwrap();
+                let mut received = Vec::new();
+                client.read_to_end(&mut received).await.unwrap();
+                let expected: &[u8] = match engine {
+                    IoEngine::Uring => b"ok",
+                    IoEngine::Epoll => b"xok",
+                };
+                assert_eq!(received, expected, "{engine}");
             })
             .unwrap();
         }

@@ -2,11 +2,16 @@
 //! `http.Server` the kubelet relies on): plain or TLS transport, a cap on open connections, request
 //! size and header-time limits, a TLS handshake deadline, and graceful shutdown (stop accepting, let
 //! open requests finish, give up after a bounded wait).
+//!
+//! Sockets come from the I/O engine ([`crate::io::Listener`]) and each connection is a local task on
+//! the engine's thread (as [`crate::io::spawn_connection`] makes them), so the listener runs inside
+//! [`crate::io::block_on`] and the I/O of every connection goes through the engine.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +21,6 @@ use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::server::TlsStream;
@@ -25,6 +29,7 @@ use super::ServerError;
 use super::peer::PeerCertificates;
 use super::router::{Body, Router};
 use super::tls::ServingTls;
+use crate::io::{Listener, SendStream, Stream};
 
 /// The kubelet's `MaxHeaderBytes` (1 MiB) for the request line plus headers.
 const MAX_HEADER_BYTES: usize = 1 << 20;
@@ -68,8 +73,9 @@ impl Default for ServeLimits {
     }
 }
 
-/// How an accepted TCP connection becomes the byte stream HTTP runs over.
-pub(crate) trait Transport: Send + Sync + 'static {
+/// How an accepted TCP connection becomes the byte stream HTTP runs over. The stream is `Send`
+/// because hyper's upgrades require it.
+pub(crate) trait Transport: 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// For log lines.
     const SCHEME: &'static str;
@@ -77,18 +83,21 @@ pub(crate) trait Transport: Send + Sync + 'static {
     /// Completes the transport's handshake; also returns the client's certificates when it sent any.
     fn handshake(
         &self,
-        tcp: TcpStream,
-    ) -> impl Future<Output = io::Result<(Self::Stream, Option<PeerCertificates>)>> + Send;
+        tcp: SendStream,
+    ) -> impl Future<Output = io::Result<(Self::Stream, Option<PeerCertificates>)>>;
 }
 
 /// Plain HTTP: the TCP stream as is.
 pub(crate) struct Plain;
 
 impl Transport for Plain {
-    type Stream = TcpStream;
+    type Stream = SendStream;
     const SCHEME: &'static str = "http";
 
-    async fn handshake(&self, tcp: TcpStream) -> io::Result<(TcpStream, Option<PeerCertificates>)> {
+    async fn handshake(
+        &self,
+        tcp: SendStream,
+    ) -> io::Result<(SendStream, Option<PeerCertificates>)> {
         Ok((tcp, None))
     }
 }
@@ -97,13 +106,13 @@ impl Transport for Plain {
 pub(crate) struct Tls(pub(crate) ServingTls);
 
 impl Transport for Tls {
-    type Stream = TlsStream<TcpStream>;
+    type Stream = TlsStream<SendStream>;
     const SCHEME: &'static str = "https";
 
     async fn handshake(
         &self,
-        tcp: TcpStream,
-    ) -> io::Result<(TlsStream<TcpStream>, Option<PeerCertificates>)> {
+        tcp: SendStream,
+    ) -> io::Result<(TlsStream<SendStream>, Option<PeerCertificates>)> {
         let stream = self.0.acceptor().accept(tcp).await?;
         let peer = stream
             .get_ref()
@@ -117,20 +126,12 @@ impl Transport for Tls {
 
 /// What a listener serves: the [`Router`], or a test's own service.
 pub(crate) trait Handler:
-    Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
-    + Clone
-    + Send
-    + Sync
-    + 'static
+    Service<Request<Incoming>, Response = Response<Body>, Error = Infallible> + Clone + 'static
 {
 }
 
 impl<S> Handler for S where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible, Future: Send>
-        + Clone
-        + Send
-        + Sync
-        + 'static
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible> + Clone + 'static
 {
 }
 
@@ -156,7 +157,7 @@ impl<S: Handler> Service<Request<Incoming>> for Connected<S> {
 /// Serves `router` over plain HTTP on `listener` with the default limits until `shutdown` completes,
 /// then drains open connections.
 pub(crate) async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     router: Router,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
@@ -166,7 +167,7 @@ pub(crate) async fn serve(
 /// Serves `handler` over TLS on `listener`, following rotations of the certificate files while it
 /// runs, until `shutdown` completes; then drains open connections.
 pub(crate) async fn serve_tls(
-    listener: TcpListener,
+    listener: Listener,
     tls: ServingTls,
     handler: impl Handler,
     limits: ServeLimits,
@@ -179,7 +180,7 @@ pub(crate) async fn serve_tls(
 /// The accept loop. A connection slot is taken before accepting, so a full listener leaves new
 /// connections in the kernel backlog rather than accepting and dropping them.
 pub(crate) async fn run<T: Transport, S: Handler>(
-    listener: TcpListener,
+    listener: Listener,
     transport: T,
     handler: S,
     limits: ServeLimits,
@@ -194,7 +195,7 @@ pub(crate) async fn run<T: Transport, S: Handler>(
         .header_read_timeout(limits.header_read_timeout)
         .max_header_size(MAX_HEADER_BYTES)
         .max_buf_size(MAX_BUF_BYTES);
-    let context = Arc::new(ConnectionContext {
+    let context = Rc::new(ConnectionContext {
         transport,
         builder,
         handler,
@@ -229,8 +230,10 @@ pub(crate) async fn run<T: Transport, S: Handler>(
                 if let Err(error) = stream.set_nodelay(true) {
                     tracing::debug!(%peer, %error, "setting TCP_NODELAY");
                 }
-                connections.spawn(connection(
-                    Arc::clone(&context),
+                // The same spawn_local as `io::spawn_connection`, tracked so shutdown can wait for
+                // the connections and then abort the ones still open.
+                connections.spawn_local(connection(
+                    Rc::clone(&context),
                     stream,
                     peer,
                     stop_rx.clone(),
@@ -309,14 +312,17 @@ struct ConnectionContext<T, S> {
 /// One connection's life: the transport handshake (bounded, and cut short by shutdown), then HTTP
 /// until the client leaves or shutdown asks it to finish. Holding `_slot` keeps the connection counted.
 async fn connection<T: Transport, S: Handler>(
-    context: Arc<ConnectionContext<T, S>>,
-    tcp: TcpStream,
+    context: Rc<ConnectionContext<T, S>>,
+    tcp: Stream,
     peer: SocketAddr,
     mut stop: watch::Receiver<()>,
     _slot: OwnedSemaphorePermit,
 ) {
     let handshake_timeout = context.handshake_timeout;
-    let handshake = tokio::time::timeout(handshake_timeout, context.transport.handshake(tcp));
+    let handshake = tokio::time::timeout(
+        handshake_timeout,
+        context.transport.handshake(tcp.into_send()),
+    );
     let (stream, certificates) = tokio::select! {
         result = handshake => match result {
             Ok(Ok(done)) => done,

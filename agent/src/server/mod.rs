@@ -6,7 +6,9 @@
 //!
 //! The caller binds the sockets (with [`bind`]) so bind errors surface at startup with the address,
 //! then runs [`serve_api`] / [`serve_read_only`] / [`serve_healthz`] until its shutdown future
-//! completes.
+//! completes. Sockets and connections belong to the I/O engine the agent runs on: all of this runs
+//! inside [`crate::io::block_on`], and the serve futures are not `Send` (spawn them with
+//! [`crate::io::spawn_connection`] or await them on that thread).
 
 pub mod auth;
 #[cfg(test)]
@@ -29,9 +31,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
-use tokio::net::TcpListener;
 
 use crate::container::{ContainerId, SandboxId, StreamingRuntime};
+use crate::io::{IoEngine, Listener};
 use crate::metrics::Metrics;
 use crate::stats::Summary;
 
@@ -139,17 +141,16 @@ pub enum ServerError {
     },
 }
 
-/// Binds a listening socket for one of the servers.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })
+/// Binds a listening socket for one of the servers on `engine`'s sockets; must run inside
+/// [`crate::io::block_on`] of that engine.
+pub fn bind(addr: SocketAddr, engine: IoEngine) -> Result<Listener, ServerError> {
+    Listener::bind(addr, engine).map_err(|source| ServerError::Bind { addr, source })
 }
 
 /// Serves the read-only API (`/pods`, `/metrics`, `/healthz`, `/healthz/<check>`) on `listener` until `shutdown`
 /// completes; then stops accepting and waits a bounded time for open requests.
 pub async fn serve_read_only(
-    listener: TcpListener,
+    listener: Listener,
     host: Arc<dyn ServerHost>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
@@ -158,7 +159,7 @@ pub async fn serve_read_only(
 
 /// Serves only `/healthz` and `/healthz/<check>` on `listener`, like [`serve_read_only`].
 pub async fn serve_healthz(
-    listener: TcpListener,
+    listener: Listener,
     host: Arc<dyn ServerHost>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
@@ -183,7 +184,7 @@ pub struct ApiServing {
 /// [`serve_read_only`]: every request is authenticated and authorised first; certificate and
 /// client-CA file changes are picked up while it runs.
 pub async fn serve_api(
-    listener: TcpListener,
+    listener: Listener,
     serving: ApiServing,
     host: Arc<dyn ServerHost>,
     shutdown: impl Future<Output = ()>,

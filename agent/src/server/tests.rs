@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, mpsc};
 
@@ -17,6 +18,54 @@ use tokio::task::JoinHandle;
 
 use super::fake_host::{FakeHost, Gate};
 use super::*;
+use crate::io::{self, spawn_connection};
+
+/// How a test's clock runs.
+#[derive(Clone, Copy)]
+pub(crate) enum Clock {
+    /// Paused and auto-advancing, as `#[tokio::test(start_paused = true)]`.
+    Paused,
+    Real,
+}
+
+/// Runs one test body inside `io::block_on` of `engine`, where the servers live.
+pub(crate) fn run_on<F: Future<Output = ()>>(
+    engine: IoEngine,
+    clock: Clock,
+    test: impl FnOnce(IoEngine) -> F,
+) {
+    io::block_on(engine, async move {
+        if let Clock::Paused = clock {
+            tokio::time::pause();
+        }
+        test(engine).await;
+    })
+    .unwrap();
+}
+
+/// Declares a `#[test]` per engine (`uring::<name>`, `epoll::<name>`) for every listed
+/// `async fn <name>(engine: IoEngine)`, grouped by the clock they run with.
+macro_rules! on_both_engines {
+    ($($clock:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
+        $crate::server::tests::on_both_engines!(@engine uring Uring $($clock [$($name)*])*);
+        $crate::server::tests::on_both_engines!(@engine epoll Epoll $($clock [$($name)*])*);
+    };
+    (@engine $module:ident $engine:ident $($clock:ident [$($name:ident)*])*) => {
+        mod $module {
+            $($(
+                #[test]
+                fn $name() {
+                    $crate::server::tests::run_on(
+                        $crate::io::IoEngine::$engine,
+                        $crate::server::tests::Clock::$clock,
+                        super::$name,
+                    );
+                }
+            )*)*
+        }
+    };
+}
+pub(crate) use on_both_engines;
 
 struct Running {
     addr: SocketAddr,
@@ -24,17 +73,17 @@ struct Running {
     task: JoinHandle<Result<(), ServerError>>,
 }
 
-async fn start(host: Arc<FakeHost>, healthz_only: bool) -> Running {
-    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+fn start(engine: IoEngine, host: Arc<FakeHost>, healthz_only: bool) -> Running {
+    let listener = bind("127.0.0.1:0".parse().unwrap(), engine).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let shutdown = async move {
         let _ = stopped.await;
     };
     let task = if healthz_only {
-        tokio::spawn(serve_healthz(listener, host, shutdown))
+        spawn_connection(serve_healthz(listener, host, shutdown))
     } else {
-        tokio::spawn(serve_read_only(listener, host, shutdown))
+        spawn_connection(serve_read_only(listener, host, shutdown))
     };
     Running { addr, stop, task }
 }
@@ -85,15 +134,71 @@ async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A host whose `/pods` answer is over 1 MiB, so a response takes many writes.
+pub(crate) fn host_with_large_pods() -> FakeHost {
+    let mut host = FakeHost::new();
+    host.pods = (0..64)
+        .map(|i| {
+            let mut pod = super::fake_host::pod(&format!("big{i}"), "Running");
+            pod.metadata.annotations = Some([("filler".to_owned(), "x".repeat(20 << 10))].into());
+            pod
+        })
+        .collect();
+    host
+}
+
+/// Round trips of `/healthz` on one keep-alive connection through the whole listener, client and
+/// server on the engine's thread. Run with
+/// `cargo test --release -p ringlet --lib server::tests::healthz_latency -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement, not a test; run in release mode"]
+fn healthz_latency() {
+    const REQUESTS: u32 = 5_000;
+    for engine in [IoEngine::Uring, IoEngine::Epoll] {
+        let elapsed = io::block_on(engine, async move {
+            let server = start(engine, Arc::new(FakeHost::new()), true);
+            let stream = io::connect_tcp(server.addr, engine).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            spawn_connection(connection);
+            let mut started = None;
+            for round in 0..=REQUESTS {
+                if round == 1 {
+                    started = Some(std::time::Instant::now());
+                }
+                sender.ready().await.unwrap();
+                let request = Request::get("/healthz")
+                    .header(HOST, "localhost")
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let response = sender.send_request(request).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                response.into_body().collect().await.unwrap();
+            }
+            let elapsed = started.unwrap().elapsed();
+            drop(sender);
+            stop(server).await.unwrap();
+            elapsed
+        })
+        .unwrap();
+        println!(
+            "{engine}: {REQUESTS} requests in {elapsed:?}, {:?} per round trip",
+            elapsed / REQUESTS
+        );
+    }
+}
+
 async fn stop(running: Running) -> Result<(), ServerError> {
     running.stop.send(()).unwrap();
     running.task.await.unwrap()
 }
 
-#[tokio::test(start_paused = true)]
-async fn pods_is_a_pod_list_of_the_hosts_pods() {
+async fn pods_is_a_pod_list_of_the_hosts_pods(engine: IoEngine) {
     let host = Arc::new(FakeHost::new());
-    let server = start(Arc::clone(&host), false).await;
+    let server = start(engine, Arc::clone(&host), false);
 
     let reply = get(server.addr, "/pods").await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -112,10 +217,25 @@ async fn pods_is_a_pod_list_of_the_hosts_pods() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn healthz_passes_then_fails_with_verbose_output() {
+async fn a_response_over_a_mebibyte_arrives_whole(engine: IoEngine) {
+    let host = Arc::new(host_with_large_pods());
+    let server = start(engine, Arc::clone(&host), false);
+
+    // Twice: the listener keeps serving after a large answer.
+    for _ in 0..2 {
+        let reply = get(server.addr, "/pods").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body.len() > 1 << 20, "{}", reply.body.len());
+        let list: List<Pod> = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(list.items, host.pods);
+    }
+
+    stop(server).await.unwrap();
+}
+
+async fn healthz_passes_then_fails_with_verbose_output(engine: IoEngine) {
     let host = Arc::new(FakeHost::new());
-    let server = start(Arc::clone(&host), false).await;
+    let server = start(engine, Arc::clone(&host), false);
 
     let reply = get(server.addr, "/healthz").await;
     assert_eq!((reply.status, reply.text()), (StatusCode::OK, "ok"));
@@ -146,11 +266,10 @@ async fn healthz_passes_then_fails_with_verbose_output() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn metrics_are_prometheus_text_on_the_read_only_port_only() {
+async fn metrics_are_prometheus_text_on_the_read_only_port_only(engine: IoEngine) {
     let host = Arc::new(FakeHost::new());
     host.metrics.inc_pleg_discard_events();
-    let server = start(Arc::clone(&host), false).await;
+    let server = start(engine, Arc::clone(&host), false);
     let reply = get(server.addr, "/metrics").await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.headers[CONTENT_TYPE], "text/plain; version=0.0.4");
@@ -158,7 +277,7 @@ async fn metrics_are_prometheus_text_on_the_read_only_port_only() {
     assert!(reply.text().contains("# TYPE ringlet_pleg_mode gauge\n"));
     stop(server).await.unwrap();
 
-    let server = start(host, true).await;
+    let server = start(engine, host, true);
     assert_eq!(
         get(server.addr, "/metrics").await.status,
         StatusCode::NOT_FOUND
@@ -166,11 +285,10 @@ async fn metrics_are_prometheus_text_on_the_read_only_port_only() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn single_checks_and_unknown_paths() {
+async fn single_checks_and_unknown_paths(engine: IoEngine) {
     let host = Arc::new(FakeHost::new());
     host.fail("pleg", "relist has not completed in 3m0s");
-    let server = start(host, false).await;
+    let server = start(engine, host, false);
 
     let reply = get(server.addr, "/healthz/pleg").await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -192,9 +310,8 @@ async fn single_checks_and_unknown_paths() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn wrong_method_is_405_with_allow_and_head_works() {
-    let server = start(Arc::new(FakeHost::new()), false).await;
+async fn wrong_method_is_405_with_allow_and_head_works(engine: IoEngine) {
+    let server = start(engine, Arc::new(FakeHost::new()), false);
 
     for (method, path) in [(Method::POST, "/pods"), (Method::DELETE, "/healthz")] {
         let reply = send(server.addr, method, path).await;
@@ -216,9 +333,8 @@ async fn wrong_method_is_405_with_allow_and_head_works() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn healthz_listener_serves_only_healthz() {
-    let server = start(Arc::new(FakeHost::new()), true).await;
+async fn healthz_listener_serves_only_healthz(engine: IoEngine) {
+    let server = start(engine, Arc::new(FakeHost::new()), true);
 
     let reply = get(server.addr, "/healthz").await;
     assert_eq!((reply.status, reply.text()), (StatusCode::OK, "ok"));
@@ -234,9 +350,8 @@ async fn healthz_listener_serves_only_healthz() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn malformed_requests_get_400_and_the_server_keeps_serving() {
-    let server = start(Arc::new(FakeHost::new()), false).await;
+async fn malformed_requests_get_400_and_the_server_keeps_serving(engine: IoEngine) {
+    let server = start(engine, Arc::new(FakeHost::new()), false);
 
     let answer = raw(server.addr, b"THIS IS NOT HTTP\r\n\r\n").await;
     assert!(answer.starts_with("HTTP/1.1 400 Bad Request"), "{answer}");
@@ -249,9 +364,8 @@ async fn malformed_requests_get_400_and_the_server_keeps_serving() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn oversized_headers_are_rejected() {
-    let server = start(Arc::new(FakeHost::new()), false).await;
+async fn oversized_headers_are_rejected(engine: IoEngine) {
+    let server = start(engine, Arc::new(FakeHost::new()), false);
 
     let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
     request.resize(request.len() + (1 << 20) + 1, b'a');
@@ -266,9 +380,8 @@ async fn oversized_headers_are_rejected() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn slow_client_is_cut_off_after_the_header_timeout() {
-    let server = start(Arc::new(FakeHost::new()), false).await;
+async fn slow_client_is_cut_off_after_the_header_timeout(engine: IoEngine) {
+    let server = start(engine, Arc::new(FakeHost::new()), false);
 
     let mut slow = TcpStream::connect(server.addr).await.unwrap();
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -283,8 +396,7 @@ async fn slow_client_is_cut_off_after_the_header_timeout() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_finishes_an_in_flight_request() {
+async fn shutdown_finishes_an_in_flight_request(engine: IoEngine) {
     let (entered_tx, entered_rx) = oneshot::channel();
     let (release_tx, release_rx) = mpsc::channel();
     let host = Arc::new(FakeHost {
@@ -294,7 +406,7 @@ async fn shutdown_finishes_an_in_flight_request() {
         }),
         ..FakeHost::new()
     });
-    let Running { addr, stop, task } = start(host, false).await;
+    let Running { addr, stop, task } = start(engine, host, false);
 
     let in_flight = tokio::spawn(get(addr, "/pods"));
     entered_rx.await.unwrap();
@@ -320,9 +432,8 @@ async fn shutdown_finishes_an_in_flight_request() {
     task.await.unwrap().unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_gives_up_on_a_stuck_connection() {
-    let server = start(Arc::new(FakeHost::new()), false).await;
+async fn shutdown_gives_up_on_a_stuck_connection(engine: IoEngine) {
+    let server = start(engine, Arc::new(FakeHost::new()), false);
     // Half a request head keeps the connection busy until the header timeout, past the grace.
     let mut slow = TcpStream::connect(server.addr).await.unwrap();
     slow.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
@@ -338,9 +449,8 @@ async fn shutdown_gives_up_on_a_stuck_connection() {
     let _ = slow.read_to_end(&mut rest).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn idle_connections_do_not_hold_up_shutdown() {
-    let server = start(Arc::new(FakeHost::new()), false).await;
+async fn idle_connections_do_not_hold_up_shutdown(engine: IoEngine) {
+    let server = start(engine, Arc::new(FakeHost::new()), false);
     let mut fresh = TcpStream::connect(server.addr).await.unwrap();
     let mut kept_alive = TcpStream::connect(server.addr).await.unwrap();
     kept_alive
@@ -358,11 +468,10 @@ async fn idle_connections_do_not_hold_up_shutdown() {
     assert_eq!(kept_alive.read_to_end(&mut rest).await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn bind_reports_the_address_in_use() {
-    let first = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+async fn bind_reports_the_address_in_use(engine: IoEngine) {
+    let first = bind("127.0.0.1:0".parse().unwrap(), engine).unwrap();
     let addr = first.local_addr().unwrap();
-    let error = bind(addr).await.unwrap_err();
+    let error = bind(addr, engine).err().unwrap();
     assert!(matches!(error, ServerError::Bind { addr: a, .. } if a == addr));
     assert_eq!(error.to_string(), format!("cannot listen on {addr}"));
     let source = std::error::Error::source(&error).unwrap().to_string();
@@ -371,7 +480,7 @@ async fn bind_reports_the_address_in_use() {
 
 /// Serves the kubelet API's router (auth included) over plain HTTP, so the routes can be tested
 /// without TLS; the TLS listener has its own tests.
-async fn start_api(host: Arc<FakeHost>, debugging: bool, anonymous: bool) -> Running {
+fn start_api(engine: IoEngine, host: Arc<FakeHost>, debugging: bool, anonymous: bool) -> Running {
     let auth = auth::KubeletAuth::new(
         auth::AuthSettings {
             anonymous_enabled: anonymous,
@@ -382,11 +491,11 @@ async fn start_api(host: Arc<FakeHost>, debugging: bool, anonymous: bool) -> Run
         None,
     )
     .unwrap();
-    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let listener = bind("127.0.0.1:0".parse().unwrap(), engine).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let router = Router::api(host, debugging, auth);
-    let task = tokio::spawn(listener::run(
+    let task = spawn_connection(listener::run(
         listener,
         listener::Plain,
         router,
@@ -398,9 +507,8 @@ async fn start_api(host: Arc<FakeHost>, debugging: bool, anonymous: bool) -> Run
     Running { addr, stop, task }
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_api_refuses_unauthenticated_requests_before_routing() {
-    let server = start_api(Arc::new(FakeHost::new()), true, false).await;
+async fn the_api_refuses_unauthenticated_requests_before_routing(engine: IoEngine) {
+    let server = start_api(engine, Arc::new(FakeHost::new()), true, false);
     for path in ["/pods", "/nope", "/exec/default/web-node1/main"] {
         let reply = get(server.addr, path).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{path}");
@@ -408,9 +516,8 @@ async fn the_api_refuses_unauthenticated_requests_before_routing() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn api_only_routes_answer_on_the_api() {
-    let server = start_api(Arc::new(FakeHost::new()), true, true).await;
+async fn api_only_routes_answer_on_the_api(engine: IoEngine) {
+    let server = start_api(engine, Arc::new(FakeHost::new()), true, true);
     let configz = get(server.addr, "/configz").await;
     assert_eq!(configz.status, StatusCode::OK);
     let body: serde_json::Value = serde_json::from_slice(&configz.body).unwrap();
@@ -431,8 +538,7 @@ async fn api_only_routes_answer_on_the_api() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn run_executes_the_space_separated_command_in_the_named_container() {
+async fn run_executes_the_space_separated_command_in_the_named_container(engine: IoEngine) {
     let mut host = FakeHost::new();
     host.containers.insert(
         "default/web-node1/main".to_owned(),
@@ -442,7 +548,7 @@ async fn run_executes_the_space_separated_command_in_the_named_container() {
         },
     );
     let host = Arc::new(host);
-    let server = start_api(Arc::clone(&host), true, true).await;
+    let server = start_api(engine, Arc::clone(&host), true, true);
 
     let reply = send(
         server.addr,
@@ -472,8 +578,7 @@ async fn run_executes_the_space_separated_command_in_the_named_container() {
     stop(server).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn debugging_endpoints_check_their_input_and_can_be_disabled() {
+async fn debugging_endpoints_check_their_input_and_can_be_disabled(engine: IoEngine) {
     let mut host = FakeHost::new();
     host.containers.insert(
         "default/web-node1/main".to_owned(),
@@ -483,7 +588,7 @@ async fn debugging_endpoints_check_their_input_and_can_be_disabled() {
         },
     );
     let host = Arc::new(host);
-    let server = start_api(Arc::clone(&host), true, true).await;
+    let server = start_api(engine, Arc::clone(&host), true, true);
     let bad_query = get(
         server.addr,
         "/containerLogs/default/web-node1/main?tailLines=-3",
@@ -509,7 +614,7 @@ async fn debugging_endpoints_check_their_input_and_can_be_disabled() {
     assert_eq!(traversal.status, StatusCode::BAD_REQUEST);
     stop(server).await.unwrap();
 
-    let server = start_api(host, false, true).await;
+    let server = start_api(engine, host, false, true);
     let disabled = get(server.addr, "/exec/default/web-node1/main?command=ls").await;
     assert_eq!(
         (disabled.status, disabled.text()),
@@ -520,4 +625,27 @@ async fn debugging_endpoints_check_their_input_and_can_be_disabled() {
     );
     assert_eq!(get(server.addr, "/pods").await.status, StatusCode::OK);
     stop(server).await.unwrap();
+}
+
+on_both_engines! {
+    Paused: [
+        pods_is_a_pod_list_of_the_hosts_pods,
+        a_response_over_a_mebibyte_arrives_whole,
+        healthz_passes_then_fails_with_verbose_output,
+        metrics_are_prometheus_text_on_the_read_only_port_only,
+        single_checks_and_unknown_paths,
+        wrong_method_is_405_with_allow_and_head_works,
+        healthz_listener_serves_only_healthz,
+        malformed_requests_get_400_and_the_server_keeps_serving,
+        oversized_headers_are_rejected,
+        slow_client_is_cut_off_after_the_header_timeout,
+        shutdown_finishes_an_in_flight_request,
+        shutdown_gives_up_on_a_stuck_connection,
+        idle_connections_do_not_hold_up_shutdown,
+        the_api_refuses_unauthenticated_requests_before_routing,
+        api_only_routes_answer_on_the_api,
+        run_executes_the_space_separated_command_in_the_named_container,
+        debugging_endpoints_check_their_input_and_can_be_disabled,
+    ],
+    Real: [bind_reports_the_address_in_use],
 }

@@ -31,10 +31,12 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 
 use super::*;
+use crate::io::{IoEngine, spawn_connection};
 use crate::server::fake_host::FakeHost;
 use crate::server::listener::{self, Handler, Plain, ServeLimits};
 use crate::server::router::{Router, full};
 use crate::server::routes::Endpoints;
+use crate::server::tests::on_both_engines;
 use crate::server::{PeerCertificates, ServerError, bind};
 
 fn router() -> Router {
@@ -306,11 +308,16 @@ impl Running {
     }
 }
 
-async fn start_tls(tls: ServingTls, handler: impl Handler, limits: ServeLimits) -> Running {
-    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+fn start_tls(
+    engine: IoEngine,
+    tls: ServingTls,
+    handler: impl Handler,
+    limits: ServeLimits,
+) -> Running {
+    let listener = bind("127.0.0.1:0".parse().unwrap(), engine).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(listener::serve_tls(
+    let task = spawn_connection(listener::serve_tls(
         listener,
         tls,
         handler,
@@ -322,11 +329,11 @@ async fn start_tls(tls: ServingTls, handler: impl Handler, limits: ServeLimits) 
     Running { addr, stop, task }
 }
 
-async fn start_plain(limits: ServeLimits) -> Running {
-    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+fn start_plain(engine: IoEngine, limits: ServeLimits) -> Running {
+    let listener = bind("127.0.0.1:0".parse().unwrap(), engine).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(listener::run(
+    let task = spawn_connection(listener::run(
         listener,
         Plain,
         router(),
@@ -360,8 +367,7 @@ fn san_names(cert_pem: &[u8]) -> Vec<String> {
 
 // ---- generated certificate ----
 
-#[tokio::test]
-async fn generated_certificate_is_served_and_trusted_through_its_file() {
+async fn generated_certificate_is_served_and_trusted_through_its_file(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&settings(dir.path())).unwrap();
     let pki = dir.path().join("pki");
@@ -378,7 +384,7 @@ async fn generated_certificate_is_served_and_trusted_through_its_file() {
         ["10.1.2.3", "127.0.0.1", "::1", "localhost", "node-a"]
     );
 
-    let server = start_tls(tls, router(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, router(), ServeLimits::default());
     let client = Client::trusting(&[&cert_pem]);
     for name in ["node-a", "localhost", "127.0.0.1"] {
         let answer = fetch(server.addr, &client, name, "/healthz").await.unwrap();
@@ -441,14 +447,13 @@ fn generated_pair_is_reused_and_regenerated_only_when_unusable() {
 
 // ---- supplied files ----
 
-#[tokio::test]
-async fn supplied_files_are_served_with_their_chain() {
+async fn supplied_files_are_served_with_their_chain(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let authority = ca("supplied-ca");
     let pair = server_pair(&authority);
     let tls = ServingTls::load(&with_files(dir.path(), &pair)).unwrap();
     assert!(!dir.path().join("pki").exists(), "nothing is generated");
-    let server = start_tls(tls, router(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, router(), ServeLimits::default());
 
     let answer = fetch(
         server.addr,
@@ -463,8 +468,7 @@ async fn supplied_files_are_served_with_their_chain() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn openssl_rsa_and_ec_keys_in_every_pem_flavour_load() {
+async fn openssl_rsa_and_ec_keys_in_every_pem_flavour_load(engine: IoEngine) {
     let Ok(version) = std::process::Command::new("openssl")
         .arg("version")
         .output()
@@ -537,7 +541,7 @@ async fn openssl_rsa_and_ec_keys_in_every_pem_flavour_load() {
             ..settings(dir.path())
         };
         let tls = ServingTls::load(&settings).unwrap_or_else(|error| panic!("{key}: {error}"));
-        let server = start_tls(tls, router(), ServeLimits::default()).await;
+        let server = start_tls(engine, tls, router(), ServeLimits::default());
         let cert_pem = fs::read_to_string(dir.path().join(&cert)).unwrap();
         let answer = fetch(
             server.addr,
@@ -674,8 +678,7 @@ fn min_version_names_are_checked() {
     load("VersionTLS13").unwrap();
 }
 
-#[tokio::test]
-async fn min_version_13_refuses_a_tls12_client() {
+async fn min_version_13_refuses_a_tls12_client(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&TlsSettings {
         min_version: Some("VersionTLS13".to_owned()),
@@ -683,7 +686,7 @@ async fn min_version_13_refuses_a_tls12_client() {
     })
     .unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
-    let server = start_tls(tls, router(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, router(), ServeLimits::default());
 
     let mut old = Client::trusting(&[&cert_pem]);
     old.versions = vec![&rustls::version::TLS12];
@@ -727,8 +730,7 @@ fn unsupported_cipher_suites_are_all_named() {
     );
 }
 
-#[tokio::test]
-async fn cipher_suites_restrict_tls12_and_leave_tls13_on() {
+async fn cipher_suites_restrict_tls12_and_leave_tls13_on(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&TlsSettings {
         // The generated key is ECDSA, so only the ECDSA suites can be negotiated.
@@ -740,7 +742,7 @@ async fn cipher_suites_restrict_tls12_and_leave_tls13_on() {
     })
     .unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
-    let server = start_tls(tls, router(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, router(), ServeLimits::default());
 
     let mut listed = Client::trusting(&[&cert_pem]);
     listed.versions = vec![&rustls::version::TLS12];
@@ -772,8 +774,7 @@ async fn cipher_suites_restrict_tls12_and_leave_tls13_on() {
 
 // ---- client certificates ----
 
-#[tokio::test]
-async fn client_certificates_are_verified_and_handed_to_requests() {
+async fn client_certificates_are_verified_and_handed_to_requests(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let server_ca = ca("server-ca");
     let clients = ca("client-ca");
@@ -784,7 +785,7 @@ async fn client_certificates_are_verified_and_handed_to_requests() {
         ..with_files(dir.path(), &server_pair(&server_ca))
     })
     .unwrap();
-    let server = start_tls(tls, peer_echo(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, peer_echo(), ServeLimits::default());
 
     let member = client_pair(&clients);
     let trusted = Client::trusting(&[&server_ca.pem]).with_identity(&member);
@@ -812,24 +813,22 @@ async fn client_certificates_are_verified_and_handed_to_requests() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn without_a_client_ca_client_certificates_are_not_requested() {
+async fn without_a_client_ca_client_certificates_are_not_requested(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let server_ca = ca("server-ca");
     let tls = ServingTls::load(&with_files(dir.path(), &server_pair(&server_ca))).unwrap();
-    let server = start_tls(tls, peer_echo(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, peer_echo(), ServeLimits::default());
     let client = Client::trusting(&[&server_ca.pem]).with_identity(&client_pair(&ca("any")));
     let answer = fetch(server.addr, &client, "localhost", "/").await.unwrap();
     assert_eq!(answer.status, StatusCode::NO_CONTENT);
     server.stop().await;
 }
 
-#[tokio::test]
-async fn upgraded_connections_pass_through_tls() {
+async fn upgraded_connections_pass_through_tls(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let server_ca = ca("server-ca");
     let tls = ServingTls::load(&with_files(dir.path(), &server_pair(&server_ca))).unwrap();
-    let server = start_tls(tls, peer_echo(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, peer_echo(), ServeLimits::default());
 
     let stream = tls_connect(
         server.addr,
@@ -858,17 +857,40 @@ async fn upgraded_connections_pass_through_tls() {
     server.stop().await;
 }
 
+async fn a_response_over_a_mebibyte_arrives_whole_over_tls(engine: IoEngine) {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = ServingTls::load(&settings(dir.path())).unwrap();
+    let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
+    let host = Arc::new(crate::server::tests::host_with_large_pods());
+    let router = Router::new(Arc::clone(&host) as _, Endpoints::ReadOnly);
+    let server = start_tls(engine, tls, router, ServeLimits::default());
+
+    let answer = fetch(
+        server.addr,
+        &Client::trusting(&[&cert_pem]),
+        "localhost",
+        "/pods",
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(answer.body.len() > 1 << 20, "{}", answer.body.len());
+    let list: k8s_openapi::List<k8s_openapi::api::core::v1::Pod> =
+        serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(list.items, host.pods);
+    server.stop().await;
+}
+
 // ---- rotation ----
 
-#[tokio::test]
-async fn rotated_files_are_served_to_new_connections() {
+async fn rotated_files_are_served_to_new_connections(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let first_ca = ca("first-ca");
     let second_ca = ca("second-ca");
     let first = server_pair(&first_ca);
     let second = server_pair(&second_ca);
     let tls = ServingTls::load(&with_files(dir.path(), &first)).unwrap();
-    let server = start_tls(tls, router(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, router(), ServeLimits::default());
     let client = Client::trusting(&[&first_ca.pem, &second_ca.pem]);
     let leaf_served = || async {
         fetch(server.addr, &client, "localhost", "/healthz")
@@ -919,8 +941,7 @@ fn a_broken_new_pair_keeps_the_previous_certificate() {
     assert_eq!(reload::check(&tls, settled), settled);
 }
 
-#[tokio::test]
-async fn client_ca_changes_apply_to_new_handshakes() {
+async fn client_ca_changes_apply_to_new_handshakes(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let server_ca = ca("server-ca");
     let old_clients = ca("old-clients");
@@ -933,7 +954,7 @@ async fn client_ca_changes_apply_to_new_handshakes() {
     })
     .unwrap();
     let seen = reload::Seen::of(&tls.shared.files);
-    let server = start_tls(tls.clone(), peer_echo(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls.clone(), peer_echo(), ServeLimits::default());
     let newcomer = client_pair(&new_clients);
     let client = Client::trusting(&[&server_ca.pem]).with_identity(&newcomer);
     assert!(fetch(server.addr, &client, "localhost", "/").await.is_err());
@@ -982,14 +1003,13 @@ async fn ask(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&answer[..n]).into_owned()
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_full_listener_leaves_new_connections_waiting_until_one_closes() {
+async fn a_full_listener_leaves_new_connections_waiting_until_one_closes(engine: IoEngine) {
     let limits = ServeLimits {
         max_connections: 2,
         ..ServeLimits::default()
     };
-    let server = start_plain(limits).await;
-    let other = start_plain(ServeLimits::default()).await;
+    let server = start_plain(engine, limits);
+    let other = start_plain(engine, ServeLimits::default());
 
     let mut first = TcpStream::connect(server.addr).await.unwrap();
     let second = TcpStream::connect(server.addr).await.unwrap();
@@ -1017,8 +1037,7 @@ async fn a_full_listener_leaves_new_connections_waiting_until_one_closes() {
     other.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn stalled_tls_clients_are_dropped_after_their_timeouts() {
+async fn stalled_tls_clients_are_dropped_after_their_timeouts(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&settings(dir.path())).unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
@@ -1027,7 +1046,7 @@ async fn stalled_tls_clients_are_dropped_after_their_timeouts() {
         header_read_timeout: Duration::from_secs(7),
         ..ServeLimits::default()
     };
-    let server = start_tls(tls, router(), limits).await;
+    let server = start_tls(engine, tls, router(), limits);
 
     // Silent after connecting, and half a ClientHello record: cut off at the handshake deadline.
     for opening in [&b""[..], &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]] {
@@ -1070,12 +1089,11 @@ async fn stalled_tls_clients_are_dropped_after_their_timeouts() {
     server.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_finishes_tls_connections_and_stops() {
+async fn shutdown_finishes_tls_connections_and_stops(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&settings(dir.path())).unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
-    let server = start_tls(tls, router(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, router(), ServeLimits::default());
     let mut idle = tls_connect(server.addr, &Client::trusting(&[&cert_pem]), "localhost")
         .await
         .unwrap();
@@ -1088,8 +1106,7 @@ async fn shutdown_finishes_tls_connections_and_stops() {
 
 // ---- curl ----
 
-#[tokio::test]
-async fn curl_trusts_the_generated_certificate() {
+async fn curl_trusts_the_generated_certificate(engine: IoEngine) {
     if std::process::Command::new("curl")
         .arg("--version")
         .output()
@@ -1102,7 +1119,7 @@ async fn curl_trusts_the_generated_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&settings(dir.path())).unwrap();
     let cert_file = tls.cert_file().to_owned();
-    let server = start_tls(tls, router(), ServeLimits::default()).await;
+    let server = start_tls(engine, tls, router(), ServeLimits::default());
     let port = server.addr.port();
     let output = tokio::process::Command::new("curl")
         .args(["--silent", "--show-error", "--fail", "--cacert"])
@@ -1153,4 +1170,26 @@ fn an_empty_node_name_is_left_out_of_the_generated_certificate() {
     let mut names = san_names(&fs::read(tls.cert_file()).unwrap());
     names.sort();
     assert_eq!(names, ["127.0.0.1", "::1", "localhost"]);
+}
+
+on_both_engines! {
+    Paused: [
+        a_full_listener_leaves_new_connections_waiting_until_one_closes,
+        stalled_tls_clients_are_dropped_after_their_timeouts,
+        shutdown_finishes_tls_connections_and_stops,
+    ],
+    Real: [
+        generated_certificate_is_served_and_trusted_through_its_file,
+        supplied_files_are_served_with_their_chain,
+        openssl_rsa_and_ec_keys_in_every_pem_flavour_load,
+        min_version_13_refuses_a_tls12_client,
+        cipher_suites_restrict_tls12_and_leave_tls13_on,
+        client_certificates_are_verified_and_handed_to_requests,
+        without_a_client_ca_client_certificates_are_not_requested,
+        upgraded_connections_pass_through_tls,
+        a_response_over_a_mebibyte_arrives_whole_over_tls,
+        rotated_files_are_served_to_new_connections,
+        client_ca_changes_apply_to_new_handshakes,
+        curl_trusts_the_generated_certificate,
+    ],
 }
