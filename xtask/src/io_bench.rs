@@ -73,6 +73,33 @@ struct Measurement {
     /// and sweeps, the agent for HTTPS.
     cpu_ms_per_op: f64,
     cpu_seconds_per_second: f64,
+    /// Why the case stopped early, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    failure: Option<String>,
+}
+
+impl Measurement {
+    fn failed(
+        section: &str,
+        path: &str,
+        connections: usize,
+        engine: &str,
+        error: &anyhow::Error,
+    ) -> Self {
+        Self {
+            section: section.to_owned(),
+            case: format!("`{path}` x{connections}"),
+            engine: engine.to_owned(),
+            samples: 0,
+            errors: connections,
+            p50_ms: f64::NAN,
+            p99_ms: f64::NAN,
+            per_second: 0.0,
+            cpu_ms_per_op: f64::NAN,
+            cpu_seconds_per_second: f64::NAN,
+            failure: Some(format!("{error:#}")),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -174,24 +201,39 @@ fn engine_run(
         for (path, connections) in loads {
             let cpu_before = process_cpu_seconds(agent.pid())?;
             let load = std::time::Duration::from_secs(args.seconds);
-            let mut result = runtime.block_on(run_load(
+            let loaded = runtime.block_on(run_load(
                 Arc::clone(&tls),
                 api_port,
                 path,
                 connections,
                 load,
-            ))?;
+            ));
             let cpu = process_cpu_seconds(agent.pid())? - cpu_before;
             agent.exited()?;
-            result.latencies_ms.sort_by(f64::total_cmp);
-            let seconds = result.elapsed.as_secs_f64();
-            #[allow(clippy::cast_precision_loss)]
-            let requests = result.latencies_ms.len() as f64;
             let section = if path == SUMMARY_PATH {
                 "stats summary"
             } else {
                 "https"
             };
+            // A case whose connection broke is reported as failed, so the other engine still runs.
+            let mut result = match loaded {
+                Ok(result) => result,
+                Err(error) => {
+                    println!("{engine} `{path}` x{connections} failed: {error:#}");
+                    cases.push(Measurement::failed(
+                        section,
+                        path,
+                        connections,
+                        engine,
+                        &error,
+                    ));
+                    continue;
+                }
+            };
+            result.latencies_ms.sort_by(f64::total_cmp);
+            let seconds = result.elapsed.as_secs_f64();
+            #[allow(clippy::cast_precision_loss)]
+            let requests = result.latencies_ms.len() as f64;
             let case = Measurement {
                 section: section.to_owned(),
                 case: format!("`{path}` x{connections}"),
@@ -203,6 +245,7 @@ fn engine_run(
                 per_second: requests / seconds,
                 cpu_ms_per_op: cpu * 1000.0 / requests,
                 cpu_seconds_per_second: cpu / seconds,
+                failure: None,
             };
             println!(
                 "{engine} {}: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
@@ -326,6 +369,7 @@ fn write_report(root: &Path, report: &Report) -> Result<()> {
             )?;
         }
     }
+    write_failures(&mut md, &report.cases)?;
     let md_path = out_dir.join("io.md");
     fs::write(&md_path, &md)?;
     println!(
@@ -333,6 +377,25 @@ fn write_report(root: &Path, report: &Report) -> Result<()> {
         json_path.display(),
         md_path.display()
     );
+    Ok(())
+}
+
+/// The cases that stopped early and why.
+fn write_failures(md: &mut String, cases: &[Measurement]) -> Result<()> {
+    let failures: Vec<&Measurement> = cases.iter().filter(|c| c.failure.is_some()).collect();
+    if !failures.is_empty() {
+        md.push_str("\n## failed cases\n\n");
+        for case in failures {
+            writeln!(
+                md,
+                "- {} {} on {}: {}",
+                case.section,
+                case.case,
+                case.engine,
+                case.failure.as_deref().unwrap_or_default()
+            )?;
+        }
+    }
     Ok(())
 }
 
