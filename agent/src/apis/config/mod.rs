@@ -199,7 +199,9 @@ pub struct KubeletConfiguration {
     pub run_once: bool,
     /// `plegMode` (ringlet extension; default auto).
     pub pleg_mode: PlegModeSetting,
-    /// `ioEngine` (ringlet extension; default auto): `io_uring` or epoll under the agent's sockets.
+    /// `ioEngine` (ringlet extension; default epoll, chosen from `bench/results/io.md`: `io_uring`
+    /// measured no faster here and costs more CPU on cgroup sweeps): `io_uring` or epoll under the
+    /// agent's sockets.
     pub io_engine: IoEngineSetting,
     /// `plegRelistPeriod` (ringlet extension): the PLEG's full-relist period; `None` for the mode's
     /// default (1s in relist mode, 60s as the safety relist in ebpf mode).
@@ -249,7 +251,7 @@ impl Default for KubeletConfiguration {
             enable_debugging_handlers: true,
             run_once: false,
             pleg_mode: PlegModeSetting::Auto,
-            io_engine: IoEngineSetting::Auto,
+            io_engine: IoEngineSetting::Epoll,
             pleg_relist_period: None,
         }
     }
@@ -708,14 +710,14 @@ fn build(
         }
     };
     let io_engine = match raw.io_engine.as_deref() {
-        None | Some("") => IoEngineSetting::Auto,
+        None | Some("") => defaults.io_engine,
         Some(value) => value.parse().unwrap_or_else(|_| {
             problem(
                 "ioEngine",
                 "io-engine",
                 format!("{value:?} must be auto, uring or epoll"),
             );
-            IoEngineSetting::Auto
+            defaults.io_engine
         }),
     };
     if raw.pleg_relist_period.is_some_and(|p| p.is_zero()) {

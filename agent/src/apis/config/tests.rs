@@ -584,7 +584,7 @@ fn io_engine_from_file_and_flags() {
     .expect("loads");
     assert_eq!(config.kubelet.io_engine, IoEngineSetting::Uring);
     let (config, _) = load_with_file(HEADER, &[]).expect("loads");
-    assert_eq!(config.kubelet.io_engine, IoEngineSetting::Auto);
+    assert_eq!(config.kubelet.io_engine, IoEngineSetting::Epoll);
     let problems = invalid_problems(load_with_file(HEADER, &["--io-engine", "kqueue"]));
     assert_eq!(
         problems,
