@@ -191,6 +191,31 @@ impl ClientIdentity {
         (dir.join("client.crt"), dir.join("client.key"))
     }
 
+    /// A rustls client that trusts the agent's serving certificate `server_cert` and presents the
+    /// client certificate written into `dir`.
+    pub fn tls_client_config(
+        dir: &Path,
+        server_cert: &Path,
+    ) -> Result<std::sync::Arc<rustls::ClientConfig>> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(server_cert)
+            .with_context(|| format!("reading {}", server_cert.display()))?
+        {
+            roots.add(cert?)?;
+        }
+        let (cert, key) = Self::paths(dir);
+        let chain = CertificateDer::pem_file_iter(&cert)?.collect::<Result<Vec<_>, _>>()?;
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, PrivateKeyDer::from_pem_file(&key)?)?;
+        Ok(std::sync::Arc::new(config))
+    }
+
     /// Writes the CA and the client certificate and key into `dir`.
     pub fn write(dir: &Path) -> Result<()> {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};

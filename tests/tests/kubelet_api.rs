@@ -359,25 +359,14 @@ fn exec_runs_a_command_through_the_cri_streaming_server() -> Result<()> {
 /// test's client certificate; returns stdout (channel 1) and the status channel (3).
 async fn websocket_exec(agent: &Agent, path: &str) -> Result<(String, String)> {
     use futures::StreamExt;
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use rustls_pki_types::ServerName;
     use tokio_tungstenite::tungstenite::Message;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(agent.serving_cert())? {
-        roots.add(cert?)?;
-    }
-    let (cert, key) = ringlet_tests::ClientIdentity::paths(agent.dir.path());
-    let chain = CertificateDer::pem_file_iter(&cert)?.collect::<Result<Vec<_>, _>>()?;
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_client_auth_cert(chain, PrivateKeyDer::from_pem_file(&key)?)?;
+    let config =
+        ringlet_tests::ClientIdentity::tls_client_config(agent.dir.path(), &agent.serving_cert())?;
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", agent.api_port)).await?;
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    let tls = tokio_rustls::TlsConnector::from(config)
         .connect(ServerName::try_from("127.0.0.1")?, tcp)
         .await?;
     let mut request = format!("wss://127.0.0.1:{}{path}", agent.api_port).into_client_request()?;

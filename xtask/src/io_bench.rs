@@ -16,10 +16,10 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::benchkit::{
-    self, Agent, cleanup, free_port, fresh_run_dir, git_commit, machine, now_utc, percentile,
-    process_cpu_seconds, sleep_pod_manifest, wait_all_running,
+    self, cleanup, fresh_run_dir, git_commit, machine, now_utc, percentile, process_cpu_seconds,
+    sleep_pod_manifest, wait_all_running,
 };
-use crate::server_bench::{client_config, run_load};
+use crate::server_bench::{client_config, run_load, spawn_api_agent};
 use crate::{cargo, cmd, lab, workspace_root};
 
 const NAMESPACE: &str = "ringlet-bench";
@@ -165,32 +165,15 @@ fn engine_run(
             sleep_pod_manifest(&format!("bench-{i}"), NAMESPACE),
         )?;
     }
-    ringlet_tests::ClientIdentity::write(&run_dir)?;
-    let read_only_port = free_port()?;
-    let api_port = free_port()?;
     let started = Instant::now();
-    let mut agent = Agent::spawn(
-        Command::new(binary)
-            .arg(format!("--io-engine={engine}"))
-            .arg("--pod-manifest-path")
-            .arg(&manifests)
-            .arg("--root-dir")
-            .arg(&root_dir)
-            .args(["--read-only-port", &read_only_port.to_string()])
-            .args(["--healthz-port", &free_port()?.to_string()])
-            .args(["--port", &api_port.to_string()])
-            .args(["--address", "127.0.0.1"])
-            .arg("--client-ca-file")
-            .arg(ringlet_tests::ClientIdentity::ca_file(&run_dir))
-            .args(["--hostname-override", "ringlet-bench"])
-            .args(&args.ringlet_args),
-        run_dir.join("ringlet.log"),
-    )?;
+    let mut agent_args = vec![format!("--io-engine={engine}")];
+    agent_args.extend(args.ringlet_args.iter().cloned());
+    let (mut agent, read_only_port, api_port) = spawn_api_agent(binary, &run_dir, &agent_args)?;
     let measured = (|| {
         wait_all_running(&mut agent, read_only_port, args.pods, started, NAMESPACE)?;
         println!("{engine}: {} pods running", args.pods);
         let mut cases = example_cases(args, example, engine)?;
-        let tls = client_config(&root_dir.join("pki/kubelet.crt"), &run_dir)?;
+        let tls = client_config(&root_dir, &run_dir)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;

@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use serde::Serialize;
 
 use crate::benchkit::{
@@ -88,29 +87,12 @@ pub fn server(args: &ServerArgs) -> Result<()> {
             sleep_pod_manifest(&format!("bench-{i}"), NAMESPACE),
         )?;
     }
-    ringlet_tests::ClientIdentity::write(&run_dir)?;
-    let read_only_port = free_port()?;
-    let api_port = free_port()?;
     let started = Instant::now();
-    let mut agent = Agent::spawn(
-        Command::new(&binary)
-            .arg("--pod-manifest-path")
-            .arg(&manifests)
-            .arg("--root-dir")
-            .arg(&root_dir)
-            .args(["--read-only-port", &read_only_port.to_string()])
-            .args(["--healthz-port", &free_port()?.to_string()])
-            .args(["--port", &api_port.to_string()])
-            .args(["--address", "127.0.0.1"])
-            .arg("--client-ca-file")
-            .arg(ringlet_tests::ClientIdentity::ca_file(&run_dir))
-            .args(["--hostname-override", "ringlet-bench"])
-            .args(&args.ringlet_args),
-        run_dir.join("ringlet.log"),
-    )?;
+    let (mut agent, read_only_port, api_port) =
+        spawn_api_agent(&binary, &run_dir, &args.ringlet_args)?;
     let measured = (|| {
         wait_all_running(&mut agent, read_only_port, args.pods, started, NAMESPACE)?;
-        let tls = client_config(&root_dir.join("pki/kubelet.crt"), &run_dir)?;
+        let tls = client_config(&root_dir, &run_dir)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -248,26 +230,38 @@ async fn connection(
     Ok((latencies, errors))
 }
 
-pub(crate) fn client_config(
-    server_cert: &Path,
+/// An agent under load: 100 (or `pods`) static pods, the kubelet API on a free port with the bench's
+/// client CA, started with `ringlet_args`; returns it with its read-only and API ports.
+pub(crate) fn spawn_api_agent(
+    binary: &Path,
     run_dir: &Path,
-) -> Result<Arc<rustls::ClientConfig>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(server_cert)
-        .with_context(|| format!("reading {}", server_cert.display()))?
-    {
-        roots.add(cert?)?;
-    }
-    let (cert_file, key_file) = ringlet_tests::ClientIdentity::paths(run_dir);
-    let chain = CertificateDer::pem_file_iter(&cert_file)?.collect::<Result<Vec<_>, _>>()?;
-    let key = PrivateKeyDer::from_pem_file(&key_file)?;
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_client_auth_cert(chain, key)?;
-    Ok(Arc::new(config))
+    ringlet_args: &[String],
+) -> Result<(Agent, u16, u16)> {
+    ringlet_tests::ClientIdentity::write(run_dir)?;
+    let read_only_port = free_port()?;
+    let api_port = free_port()?;
+    let agent = Agent::spawn(
+        Command::new(binary)
+            .arg("--pod-manifest-path")
+            .arg(run_dir.join("manifests"))
+            .arg("--root-dir")
+            .arg(run_dir.join("root"))
+            .args(["--read-only-port", &read_only_port.to_string()])
+            .args(["--healthz-port", &free_port()?.to_string()])
+            .args(["--port", &api_port.to_string()])
+            .args(["--address", "127.0.0.1"])
+            .arg("--client-ca-file")
+            .arg(ringlet_tests::ClientIdentity::ca_file(run_dir))
+            .args(["--hostname-override", "ringlet-bench"])
+            .args(ringlet_args),
+        run_dir.join("ringlet.log"),
+    )?;
+    Ok((agent, read_only_port, api_port))
+}
+
+/// The load generator's TLS client: trusts the agent's generated certificate under `root_dir`.
+pub(crate) fn client_config(root_dir: &Path, run_dir: &Path) -> Result<Arc<rustls::ClientConfig>> {
+    ringlet_tests::ClientIdentity::tls_client_config(run_dir, &root_dir.join("pki/kubelet.crt"))
 }
 
 fn write_report(root: &Path, report: &Report) -> Result<()> {

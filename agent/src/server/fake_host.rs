@@ -52,6 +52,19 @@ impl FakeHost {
         }
     }
 
+    /// A host whose pod `default/web-node1` has a running container `main` (id `c1`).
+    pub(crate) fn with_running_container() -> Self {
+        let mut host = Self::new();
+        host.containers.insert(
+            "default/web-node1/main".to_owned(),
+            FoundContainer {
+                id: ContainerId::from("c1"),
+                running: true,
+            },
+        );
+        host
+    }
+
     pub(crate) fn fail(&self, name: &'static str, reason: &str) {
         for check in self.checks.lock().unwrap().iter_mut() {
             if check.name == name {

@@ -539,15 +539,7 @@ async fn api_only_routes_answer_on_the_api(engine: IoEngine) {
 }
 
 async fn run_executes_the_space_separated_command_in_the_named_container(engine: IoEngine) {
-    let mut host = FakeHost::new();
-    host.containers.insert(
-        "default/web-node1/main".to_owned(),
-        FoundContainer {
-            id: crate::container::ContainerId::from("c1"),
-            running: true,
-        },
-    );
-    let host = Arc::new(host);
+    let host = Arc::new(FakeHost::with_running_container());
     let server = start_api(engine, Arc::clone(&host), true, true);
 
     let reply = send(
@@ -579,15 +571,7 @@ async fn run_executes_the_space_separated_command_in_the_named_container(engine:
 }
 
 async fn debugging_endpoints_check_their_input_and_can_be_disabled(engine: IoEngine) {
-    let mut host = FakeHost::new();
-    host.containers.insert(
-        "default/web-node1/main".to_owned(),
-        FoundContainer {
-            id: crate::container::ContainerId::from("c1"),
-            running: true,
-        },
-    );
-    let host = Arc::new(host);
+    let host = Arc::new(FakeHost::with_running_container());
     let server = start_api(engine, Arc::clone(&host), true, true);
     let bad_query = get(
         server.addr,
