@@ -9,16 +9,18 @@
 //! Wiring: `select(setting)` once at start-up (log the fallback reason), then run the whole agent in
 //! `block_on(engine, ..)`. Inside it, servers accept on a [`Listener`] and drive each connection with
 //! [`spawn_connection`] (uring streams are `!Send`); the CRI client uses [`unix_channel`]; cgroup
-//! sweeps use [`read_small_files`]. Plain tokio (timers, `tokio::spawn`, tokio sockets) keeps
-//! working on both engines.
+//! sweeps use [`read_small_files`]; container and node logs are read through [`ReadFile`]. Plain
+//! tokio (timers, `tokio::spawn`, tokio sockets) keeps working on both engines.
 
 mod engine;
+mod file;
 mod fs;
 mod grpc;
 mod net;
 mod probe;
 
 pub use engine::{EngineError, IoEngine, IoEngineSetting, block_on, select};
+pub use file::{FileIdentity, ReadFile, identity_of};
 pub use fs::read_small_files;
 pub use grpc::unix_channel;
 pub use net::{

@@ -97,6 +97,14 @@ impl Listener {
         }))
     }
 
+    /// The engine whose sockets this listener uses (and whose files its requests should read).
+    pub fn engine(&self) -> IoEngine {
+        match &self.0 {
+            ListenerInner::Epoll(_) => IoEngine::Epoll,
+            ListenerInner::Uring(_) => IoEngine::Uring,
+        }
+    }
+
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match &self.0 {
             ListenerInner::Epoll(listener) => listener.local_addr(),

@@ -15,12 +15,13 @@ pub(crate) const RING_ENTRIES: u32 = 256;
 
 /// The `io_uring` operations the engine's adapters submit (tokio-uring sockets, listener and files), by
 /// the name an operator finds in `io_uring_enter(2)`.
-const REQUIRED_OPCODES: [(&str, u8); 5] = [
+const REQUIRED_OPCODES: [(&str, u8); 6] = [
     ("IORING_OP_ACCEPT", opcode::Accept::CODE),
     ("IORING_OP_CONNECT", opcode::Connect::CODE),
     ("IORING_OP_READ", opcode::Read::CODE),
     ("IORING_OP_WRITE", opcode::Write::CODE),
     ("IORING_OP_OPENAT", opcode::OpenAt::CODE),
+    ("IORING_OP_STATX", opcode::Statx::CODE),
 ];
 
 const DISABLED_SYSCTL: &str = "/proc/sys/kernel/io_uring_disabled";

@@ -6,9 +6,8 @@
 //! appends and log rotation until the container stops or the client goes away.
 
 use std::future::Future;
-use std::io::{self, SeekFrom};
+use std::io;
 use std::num::ParseIntError;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,19 +16,22 @@ use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use jiff::{SignedDuration, Timestamp};
 use notify::Watcher;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, BufReader};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::io::{IoEngine, ReadFile, identity_of};
+
 /// Bytes read per step when searching backwards for the start of the tail.
 const TAIL_CHUNK: usize = 64 * 1024;
+/// Bytes read per step going forward.
+const READ_CHUNK: usize = 64 * 1024;
 /// How much of a line is enough to see its timestamp, stream and tag.
 const HEADER_MAX: usize = 96;
 /// Output is handed to the client in pieces of about this size.
 const OUTPUT_CHUNK: usize = 32 * 1024;
 /// A raw line longer than this is dropped: runtimes split long lines (containerd at 16 KiB), so
 /// only a corrupt file has one, and it must not grow memory without bound.
-const MAX_LINE: u64 = 1024 * 1024;
+const MAX_LINE: usize = 1024 * 1024;
 /// A joined (`P` … `F`) message longer than this is handed out unfinished, for the same reason.
 const MAX_JOINED: usize = 1024 * 1024;
 /// While following with inotify: re-read at least this often anyway, in case an event was missed.
@@ -224,27 +226,17 @@ fn ends_message(header: &[u8]) -> bool {
 /// The offset where the last `lines` complete messages of the file begin, reading backwards
 /// `chunk` bytes at a time so a big file costs only its tail. The cut is always just after the end
 /// of a message, never inside a joined one.
-fn tail_start(file: &std::fs::File, lines: u64, chunk: usize) -> io::Result<u64> {
-    let len = file.metadata()?.len();
-    let header_at = |buf: &[u8], begin: u64, start: u64| -> io::Result<bool> {
-        let offset = usize::try_from(start - begin).unwrap_or(usize::MAX);
-        if offset.saturating_add(HEADER_MAX) <= buf.len() {
-            return Ok(ends_message(&buf[offset..offset + HEADER_MAX]));
-        }
-        let mut header = [0u8; HEADER_MAX];
-        let n = file.read_at(&mut header, start)?;
-        Ok(ends_message(&header[..n]))
-    };
+async fn tail_start(file: &ReadFile, lines: u64, chunk: usize) -> io::Result<u64> {
+    let len = file.identity().await?.len;
     // Counting down to the message before the tail: the tail starts right after it.
     let mut wanted = lines.saturating_add(1);
     let mut next_start = len;
     let mut end = len;
-    let mut buf = vec![0u8; chunk.max(1)];
+    let chunk = chunk.max(1) as u64;
     while end > 0 {
-        let begin = end.saturating_sub(buf.len() as u64);
-        let n = usize::try_from(end - begin).unwrap_or(buf.len());
-        file.read_exact_at(&mut buf[..n], begin)?;
-        for i in (0..n).rev() {
+        let begin = end.saturating_sub(chunk);
+        let buf = read_exact_at(file, begin, end - begin).await?;
+        for i in (0..buf.len()).rev() {
             if buf[i] != b'\n' {
                 continue;
             }
@@ -252,7 +244,7 @@ fn tail_start(file: &std::fs::File, lines: u64, chunk: usize) -> io::Result<u64>
             if start >= len {
                 continue;
             }
-            if header_at(&buf[..n], begin, start)? {
+            if starts_message_end(file, &buf, begin, start).await? {
                 wanted -= 1;
                 if wanted == 0 {
                     return Ok(next_start);
@@ -263,28 +255,64 @@ fn tail_start(file: &std::fs::File, lines: u64, chunk: usize) -> io::Result<u64>
         end = begin;
     }
     // The first line has no newline before it.
-    if len > 0 && wanted == 1 && header_at(&[], 0, 0)? {
+    if len > 0 && wanted == 1 && starts_message_end(file, &[], 0, 0).await? {
         return Ok(next_start);
     }
     Ok(0)
 }
 
+/// Whether the line at offset `start` ends a message; `buf` holds the file from offset `begin` and
+/// is used when it covers the line's header.
+async fn starts_message_end(
+    file: &ReadFile,
+    buf: &[u8],
+    begin: u64,
+    start: u64,
+) -> io::Result<bool> {
+    let offset = usize::try_from(start - begin).unwrap_or(usize::MAX);
+    if offset.saturating_add(HEADER_MAX) <= buf.len() {
+        return Ok(ends_message(&buf[offset..offset + HEADER_MAX]));
+    }
+    let header = file.read_at(start, HEADER_MAX).await?;
+    Ok(ends_message(&header))
+}
+
+/// Exactly `len` bytes from `offset`, which the caller knows the file has.
+async fn read_exact_at(file: &ReadFile, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+    let len = usize::try_from(len).map_err(io::Error::other)?;
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let piece = file
+            .read_at(offset + buf.len() as u64, len - buf.len())
+            .await?;
+        if piece.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the file shrank while its tail was being read",
+            ));
+        }
+        buf.extend_from_slice(&piece);
+    }
+    Ok(buf)
+}
+
 /// Streams a CRI log file as `kubectl logs` shows it. `still_running` is asked (at most once a
 /// second, and only while following with nothing new to read) whether the container still runs;
 /// once it says no, the rest of the file is read and the stream ends. Dropping the stream stops
-/// everything, including the file watch. File reads go through tokio's blocking pool. The file is
-/// opened on the first poll: one that cannot be opened gives one error item (see [`open_logs`] to
-/// learn that before answering).
+/// everything, including the file watch. File reads go through `engine`; the stream must be polled
+/// inside its [`block_on`](crate::io::block_on). The file is opened on the first poll: one that
+/// cannot be opened gives one error item (see [`open_logs`] to learn that before answering).
 pub fn read_logs<F, Fut>(
     path: PathBuf,
     options: LogOptions,
+    engine: IoEngine,
     still_running: F,
 ) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = bool> + Send + 'static,
 {
-    LogReader::new(path, options, still_running).into_stream()
+    LogReader::new(path, options, engine, still_running).into_stream()
 }
 
 /// [`read_logs`], but the file is opened (and the tail found) first, so a missing or unreadable
@@ -292,13 +320,14 @@ where
 pub async fn open_logs<F, Fut>(
     path: PathBuf,
     options: LogOptions,
+    engine: IoEngine,
     still_running: F,
 ) -> io::Result<impl Stream<Item = io::Result<Bytes>> + Send + 'static>
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = bool> + Send + 'static,
 {
-    let mut reader = LogReader::new(path, options, still_running);
+    let mut reader = LogReader::new(path, options, engine, still_running);
     if let Err(error) = reader.open_first().await {
         return Err(reader.context(&error));
     }
@@ -340,12 +369,16 @@ struct LogReader<F> {
     path: PathBuf,
     options: LogOptions,
     still_running: F,
+    engine: IoEngine,
     /// Bytes handed out so far, for `limit_bytes`.
     emitted: u64,
-    file: Option<BufReader<tokio::fs::File>>,
+    file: Option<ReadFile>,
     /// Device and inode of the open file, to notice when the path names a new file.
     identity: (u64, u64),
+    /// The file offset up to which the file has been read into `unsplit`.
     position: u64,
+    /// Bytes read from the file and not yet split into lines.
+    unsplit: BytesMut,
     /// The raw line being read: an incomplete last line waits here for the rest.
     line: Vec<u8>,
     pending: Option<Pending>,
@@ -363,15 +396,17 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = bool> + Send + 'static,
 {
-    fn new(path: PathBuf, options: LogOptions, still_running: F) -> Self {
+    fn new(path: PathBuf, options: LogOptions, engine: IoEngine, still_running: F) -> Self {
         Self {
             emitted: 0,
             path,
             options,
             still_running,
+            engine,
             file: None,
             identity: (0, 0),
             position: 0,
+            unsplit: BytesMut::new(),
             line: Vec::new(),
             pending: None,
             watch: None,
@@ -446,18 +481,10 @@ where
     }
 
     async fn open_first(&mut self) -> io::Result<()> {
-        let start = match self.options.tail_lines {
-            Some(lines) => {
-                let path = self.path.clone();
-                tokio::task::spawn_blocking(move || {
-                    tail_start(&std::fs::File::open(path)?, lines, TAIL_CHUNK)
-                })
-                .await
-                .map_err(io::Error::other)??
-            }
-            None => 0,
-        };
-        self.open(start).await?;
+        self.open(0).await?;
+        if let (Some(lines), Some(file)) = (self.options.tail_lines, &self.file) {
+            self.position = tail_start(file, lines, TAIL_CHUNK).await?;
+        }
         if self.options.follow {
             let dir = self.path.parent().unwrap_or(Path::new("/"));
             match Watch::new(dir) {
@@ -473,12 +500,12 @@ where
     }
 
     async fn open(&mut self, start: u64) -> io::Result<()> {
-        let mut file = tokio::fs::File::open(&self.path).await?;
-        let meta = file.metadata().await?;
-        self.identity = (meta.dev(), meta.ino());
-        file.seek(SeekFrom::Start(start)).await?;
+        let file = ReadFile::open(&self.path, self.engine).await?;
+        let identity = file.identity().await?;
+        self.identity = (identity.device, identity.inode);
         self.position = start;
-        self.file = Some(BufReader::new(file));
+        self.unsplit.clear();
+        self.file = Some(file);
         Ok(())
     }
 
@@ -486,24 +513,30 @@ where
     /// limit; returns whether it reached the end of the file.
     async fn read_available(&mut self, out: &mut BytesMut) -> io::Result<bool> {
         loop {
-            let budget = MAX_LINE.saturating_sub(self.line.len() as u64).max(1);
-            let Some(file) = self.file.as_mut() else {
-                return Ok(true);
-            };
-            let n = file.take(budget).read_until(b'\n', &mut self.line).await?;
-            self.position += n as u64;
-            if n == 0 {
-                return Ok(true);
+            if self.unsplit.is_empty() {
+                let Some(file) = self.file.as_ref() else {
+                    return Ok(true);
+                };
+                let read = file.read_at(self.position, READ_CHUNK).await?;
+                if read.is_empty() {
+                    // At the end; an incomplete line waits in `line` for the writer to finish it.
+                    return Ok(true);
+                }
+                self.position += read.len() as u64;
+                self.unsplit.extend_from_slice(&read);
             }
-            if self.line.last() != Some(&b'\n') {
-                if self.line.len() as u64 >= MAX_LINE {
+            let budget = MAX_LINE.saturating_sub(self.line.len()).max(1);
+            let window = self.unsplit.len().min(budget);
+            let Some(newline) = self.unsplit[..window].iter().position(|b| *b == b'\n') else {
+                self.line.extend_from_slice(&self.unsplit.split_to(window));
+                if self.line.len() >= MAX_LINE {
                     tracing::warn!(path = %self.path.display(), "skipping an over-long log line");
                     self.line.clear();
-                    continue;
                 }
-                // The writer is mid-line: the rest comes with a later read.
-                return Ok(true);
-            }
+                continue;
+            };
+            self.line
+                .extend_from_slice(&self.unsplit.split_to(newline + 1));
             let line = std::mem::take(&mut self.line);
             self.process(&line[..line.len() - 1], out);
             self.line = line;
@@ -602,14 +635,12 @@ where
             }
             None => tokio::time::sleep(period).await,
         }
-        match tokio::fs::metadata(&self.path).await {
-            Ok(meta) if (meta.dev(), meta.ino()) != self.identity => self.rotated = true,
-            Ok(meta) if meta.len() < self.position => {
+        match identity_of(&self.path, self.engine).await {
+            Ok(now) if (now.device, now.inode) != self.identity => self.rotated = true,
+            Ok(now) if now.len < self.position => {
                 // Truncated in place: start over at its beginning.
-                if let Some(file) = self.file.as_mut() {
-                    file.seek(SeekFrom::Start(0)).await?;
-                }
                 self.position = 0;
+                self.unsplit.clear();
                 self.line.clear();
             }
             // Renamed away and not yet re-created, or unchanged: keep reading the open file.
@@ -664,10 +695,18 @@ mod tests {
         file.write_all(text.as_bytes()).unwrap();
     }
 
-    async fn read_all(path: &Path, options: LogOptions) -> String {
-        let chunks: Vec<io::Result<Bytes>> = read_logs(path.to_owned(), options, || async { true })
-            .collect()
-            .await;
+    /// Runs `test` on each engine's runtime: the files are read through that engine.
+    fn on_both_engines<F: Future<Output = ()>>(test: impl Fn(IoEngine) -> F) {
+        for engine in [IoEngine::Uring, IoEngine::Epoll] {
+            crate::io::block_on(engine, test(engine)).unwrap();
+        }
+    }
+
+    async fn read_all(path: &Path, options: LogOptions, engine: IoEngine) -> String {
+        let chunks: Vec<io::Result<Bytes>> =
+            read_logs(path.to_owned(), options, engine, || async { true })
+                .collect()
+                .await;
         let mut text = Vec::new();
         for chunk in chunks {
             text.extend_from_slice(&chunk.unwrap());
@@ -782,62 +821,78 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn partial_lines_are_joined_and_malformed_lines_skipped() {
-        let (_dir, path) = log_file(&format!(
-            "{T1} stdout P hel\n{T1} stdout P lo \nnot a log line\n{T2} stderr F world\n{T3} stdout F next\n"
-        ));
-        assert_eq!(
-            read_all(&path, LogOptions::default()).await,
-            "hello world\nnext\n"
-        );
+    #[test]
+    fn partial_lines_are_joined_and_malformed_lines_skipped() {
+        on_both_engines(|engine| async move {
+            let (_dir, path) = log_file(&format!(
+                "{T1} stdout P hel\n{T1} stdout P lo \nnot a log line\n{T2} stderr F world\n{T3} stdout F next\n"
+            ));
+            assert_eq!(
+                read_all(&path, LogOptions::default(), engine).await,
+                "hello world\nnext\n"
+            );
+        });
     }
 
-    #[tokio::test]
-    async fn timestamps_prefix_each_joined_line_with_its_first_fragments_time() {
-        let (_dir, path) = log_file(&format!(
-            "{T1} stdout P a\n{T2} stdout F b\n{T3} stdout F c\n"
-        ));
-        let options = LogOptions {
-            timestamps: true,
-            ..LogOptions::default()
-        };
-        assert_eq!(read_all(&path, options).await, format!("{T1} ab\n{T3} c\n"));
-    }
-
-    #[tokio::test]
-    async fn since_skips_older_lines() {
-        let (_dir, path) = log_file(&format!(
-            "{T1} stdout F one\n{T2} stdout F two\n{T3} stdout F three\n"
-        ));
-        let options = LogOptions {
-            since: Some("2026-11-22T10:00:02Z".parse().unwrap()),
-            ..LogOptions::default()
-        };
-        assert_eq!(read_all(&path, options).await, "two\nthree\n");
-    }
-
-    #[tokio::test]
-    async fn limit_bytes_stops_exactly_at_the_limit() {
-        let text = numbered(5000);
-        let (_dir, path) = log_file(&text);
-        let full = read_all(&path, LogOptions::default()).await;
-        // Across output chunks, and inside a line.
-        for limit in [1, 7, 40_000, 40_001] {
+    #[test]
+    fn timestamps_prefix_each_joined_line_with_its_first_fragments_time() {
+        on_both_engines(|engine| async move {
+            let (_dir, path) = log_file(&format!(
+                "{T1} stdout P a\n{T2} stdout F b\n{T3} stdout F c\n"
+            ));
             let options = LogOptions {
-                limit_bytes: Some(limit),
+                timestamps: true,
                 ..LogOptions::default()
             };
-            let out = read_all(&path, options).await;
-            assert_eq!(out.len() as u64, limit);
-            assert!(full.starts_with(&out));
-        }
+            assert_eq!(
+                read_all(&path, options, engine).await,
+                format!("{T1} ab\n{T3} c\n")
+            );
+        });
     }
 
-    #[tokio::test]
-    async fn an_unterminated_last_line_is_shown_when_not_following() {
-        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two"));
-        assert_eq!(read_all(&path, LogOptions::default()).await, "one\ntwo\n");
+    #[test]
+    fn since_skips_older_lines() {
+        on_both_engines(|engine| async move {
+            let (_dir, path) = log_file(&format!(
+                "{T1} stdout F one\n{T2} stdout F two\n{T3} stdout F three\n"
+            ));
+            let options = LogOptions {
+                since: Some("2026-11-22T10:00:02Z".parse().unwrap()),
+                ..LogOptions::default()
+            };
+            assert_eq!(read_all(&path, options, engine).await, "two\nthree\n");
+        });
+    }
+
+    #[test]
+    fn limit_bytes_stops_exactly_at_the_limit() {
+        on_both_engines(|engine| async move {
+            let text = numbered(5000);
+            let (_dir, path) = log_file(&text);
+            let full = read_all(&path, LogOptions::default(), engine).await;
+            // Across output chunks, and inside a line.
+            for limit in [1, 7, 40_000, 40_001] {
+                let options = LogOptions {
+                    limit_bytes: Some(limit),
+                    ..LogOptions::default()
+                };
+                let out = read_all(&path, options, engine).await;
+                assert_eq!(out.len() as u64, limit);
+                assert!(full.starts_with(&out));
+            }
+        });
+    }
+
+    #[test]
+    fn an_unterminated_last_line_is_shown_when_not_following() {
+        on_both_engines(|engine| async move {
+            let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two"));
+            assert_eq!(
+                read_all(&path, LogOptions::default(), engine).await,
+                "one\ntwo\n"
+            );
+        });
     }
 
     #[test]
@@ -848,82 +903,100 @@ mod tests {
             "{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"
         );
         let (_dir, path) = log_file(&text);
-        let file = std::fs::File::open(&path).unwrap();
         assert!(text.len() > 64 * 10, "the file spans many chunks");
-        for chunk in [1, 7, 64, TAIL_CHUNK] {
-            let start = tail_start(&file, 2, chunk).unwrap();
+        on_both_engines(|engine| {
+            let (text, path) = (text.clone(), path.clone());
+            async move {
+                let file = ReadFile::open(&path, engine).await.unwrap();
+                for chunk in [1, 7, 64, TAIL_CHUNK] {
+                    let start = tail_start(&file, 2, chunk).await.unwrap();
+                    assert_eq!(
+                        &text[usize::try_from(start).unwrap()..],
+                        format!(
+                            "{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"
+                        ),
+                        "{engine}, chunk {chunk}"
+                    );
+                    let start = tail_start(&file, 0, chunk).await.unwrap();
+                    assert_eq!(start, text.len() as u64);
+                    assert_eq!(tail_start(&file, 10_000, chunk).await.unwrap(), 0);
+                    assert_eq!(tail_start(&file, 302, chunk).await.unwrap(), 0);
+                    let start = tail_start(&file, 301, chunk).await.unwrap();
+                    assert!(
+                        text[usize::try_from(start).unwrap()..]
+                            .starts_with(&format!("{T1} stdout F line 1\n"))
+                    );
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn tail_of_a_file_bigger_than_a_read_chunk() {
+        on_both_engines(|engine| async move {
+            let text = numbered(20_000);
+            assert!(text.len() > 4 * TAIL_CHUNK);
+            let (_dir, path) = log_file(&text);
+            let options = LogOptions {
+                tail_lines: Some(3),
+                ..LogOptions::default()
+            };
             assert_eq!(
-                &text[usize::try_from(start).unwrap()..],
-                format!(
-                    "{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"
-                ),
-                "chunk {chunk}"
+                read_all(&path, options, engine).await,
+                "line 19997\nline 19998\nline 19999\n"
             );
-            let start = tail_start(&file, 0, chunk).unwrap();
-            assert_eq!(start, text.len() as u64);
-            assert_eq!(tail_start(&file, 10_000, chunk).unwrap(), 0);
-            assert_eq!(tail_start(&file, 302, chunk).unwrap(), 0);
-            let start = tail_start(&file, 301, chunk).unwrap();
-            assert!(
-                text[usize::try_from(start).unwrap()..]
-                    .starts_with(&format!("{T1} stdout F line 1\n"))
-            );
-        }
+            let options = LogOptions {
+                tail_lines: Some(0),
+                ..LogOptions::default()
+            };
+            assert_eq!(read_all(&path, options, engine).await, "");
+        });
     }
 
-    #[tokio::test]
-    async fn tail_of_a_file_bigger_than_a_read_chunk() {
-        let text = numbered(20_000);
-        assert!(text.len() > 4 * TAIL_CHUNK);
-        let (_dir, path) = log_file(&text);
-        let options = LogOptions {
-            tail_lines: Some(3),
-            ..LogOptions::default()
-        };
-        assert_eq!(
-            read_all(&path, options).await,
-            "line 19997\nline 19998\nline 19999\n"
-        );
-        let options = LogOptions {
-            tail_lines: Some(0),
-            ..LogOptions::default()
-        };
-        assert_eq!(read_all(&path, options).await, "");
+    #[test]
+    fn a_missing_file_is_one_error_naming_it() {
+        on_both_engines(|engine| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("0.log");
+            let mut stream = Box::pin(read_logs(path, LogOptions::default(), engine, || async {
+                true
+            }));
+            let err = stream.next().await.unwrap().unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::NotFound);
+            assert!(err.to_string().contains("0.log"), "{err}");
+            assert!(stream.next().await.is_none());
+        });
     }
 
-    #[tokio::test]
-    async fn a_missing_file_is_one_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("0.log");
-        let mut stream = Box::pin(read_logs(path, LogOptions::default(), || async { true }));
-        let err = stream.next().await.unwrap().unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::NotFound);
-        assert!(err.to_string().contains("0.log"), "{err}");
-        assert!(stream.next().await.is_none());
-    }
+    #[test]
+    fn open_logs_reports_a_missing_file_before_streaming() {
+        on_both_engines(|engine| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let missing = open_logs(
+                dir.path().join("0.log"),
+                LogOptions::default(),
+                engine,
+                || async { true },
+            )
+            .await;
+            let Err(err) = missing else {
+                panic!("a missing log cannot be opened");
+            };
+            assert_eq!(err.kind(), io::ErrorKind::NotFound);
+            assert!(err.to_string().contains("0.log"), "{err}");
 
-    #[tokio::test]
-    async fn open_logs_reports_a_missing_file_before_streaming() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = open_logs(dir.path().join("0.log"), LogOptions::default(), || async {
-            true
-        })
-        .await;
-        let Err(err) = missing else {
-            panic!("a missing log cannot be opened");
-        };
-        assert_eq!(err.kind(), io::ErrorKind::NotFound);
-        assert!(err.to_string().contains("0.log"), "{err}");
-
-        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two\n"));
-        let options = LogOptions {
-            tail_lines: Some(1),
-            ..LogOptions::default()
-        };
-        let stream = open_logs(path, options, || async { true }).await.unwrap();
-        let chunks: Vec<_> = stream.collect().await;
-        assert_eq!(chunks.len(), 1);
-        assert_eq!(&chunks[0].as_ref().unwrap()[..], b"two\n");
+            let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two\n"));
+            let options = LogOptions {
+                tail_lines: Some(1),
+                ..LogOptions::default()
+            };
+            let stream = open_logs(path, options, engine, || async { true })
+                .await
+                .unwrap();
+            let chunks: Vec<_> = stream.collect().await;
+            assert_eq!(chunks.len(), 1);
+            assert_eq!(&chunks[0].as_ref().unwrap()[..], b"two\n");
+        });
     }
 
     fn follow_options() -> LogOptions {
@@ -945,64 +1018,78 @@ mod tests {
         })
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn follow_reads_appends_across_rotation_until_the_container_stops() {
-        let (dir, path) = log_file(&format!("{T1} stdout F one\n"));
-        let (alive, still_running) = alive_flag();
-        let mut stream = Box::pin(read_logs(path.clone(), follow_options(), still_running));
-        assert_eq!(next_text(&mut stream).await, "one\n");
+    #[test]
+    fn follow_reads_appends_across_rotation_until_the_container_stops() {
+        on_both_engines(|engine| async move {
+            tokio::time::pause();
+            let (dir, path) = log_file(&format!("{T1} stdout F one\n"));
+            let (alive, still_running) = alive_flag();
+            let mut stream = Box::pin(read_logs(
+                path.clone(),
+                follow_options(),
+                engine,
+                still_running,
+            ));
+            assert_eq!(next_text(&mut stream).await, "one\n");
 
-        append(&path, &format!("{T1} stdout P tw"));
-        append(&path, &format!("o\n{T2} stdout F !\n"));
-        assert_eq!(next_text(&mut stream).await, "two!\n");
+            append(&path, &format!("{T1} stdout P tw"));
+            append(&path, &format!("o\n{T2} stdout F !\n"));
+            assert_eq!(next_text(&mut stream).await, "two!\n");
 
-        // What the runtime writes just before rotating is still read from the old file.
-        append(&path, &format!("{T2} stdout F before rotation\n"));
-        std::fs::rename(&path, dir.path().join("0.log.20261122-100003")).unwrap();
-        std::fs::write(&path, format!("{T3} stdout F after rotation\n")).unwrap();
-        assert_eq!(next_text(&mut stream).await, "before rotation\n");
-        assert_eq!(next_text(&mut stream).await, "after rotation\n");
+            // What the runtime writes just before rotating is still read from the old file.
+            append(&path, &format!("{T2} stdout F before rotation\n"));
+            std::fs::rename(&path, dir.path().join("0.log.20261122-100003")).unwrap();
+            std::fs::write(&path, format!("{T3} stdout F after rotation\n")).unwrap();
+            assert_eq!(next_text(&mut stream).await, "before rotation\n");
+            assert_eq!(next_text(&mut stream).await, "after rotation\n");
 
-        append(&path, &format!("{T3} stdout F last words\n"));
-        alive.store(false, Ordering::SeqCst);
-        let mut rest = String::new();
-        while let Some(chunk) = stream.next().await {
-            rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-        }
-        assert_eq!(
-            rest, "last words\n",
-            "the stream drains the file, then ends"
-        );
+            append(&path, &format!("{T3} stdout F last words\n"));
+            alive.store(false, Ordering::SeqCst);
+            let mut rest = String::new();
+            while let Some(chunk) = stream.next().await {
+                rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            }
+            assert_eq!(
+                rest, "last words\n",
+                "the stream drains the file, then ends"
+            );
+        });
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn follow_ends_when_the_container_stops_even_without_new_output() {
-        let (_dir, path) = log_file(&format!("{T1} stdout P unfinished\n"));
-        let (alive, still_running) = alive_flag();
-        let mut stream = Box::pin(read_logs(path, follow_options(), still_running));
-        let waiting = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
-        assert!(waiting.is_err(), "nothing to show while the container runs");
-        alive.store(false, Ordering::SeqCst);
-        assert_eq!(
-            next_text(&mut stream).await,
-            "unfinished",
-            "a pending fragment is shown once the container stops"
-        );
-        assert!(stream.next().await.is_none());
+    #[test]
+    fn follow_ends_when_the_container_stops_even_without_new_output() {
+        on_both_engines(|engine| async move {
+            tokio::time::pause();
+            let (_dir, path) = log_file(&format!("{T1} stdout P unfinished\n"));
+            let (alive, still_running) = alive_flag();
+            let mut stream = Box::pin(read_logs(path, follow_options(), engine, still_running));
+            let waiting = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+            assert!(waiting.is_err(), "nothing to show while the container runs");
+            alive.store(false, Ordering::SeqCst);
+            assert_eq!(
+                next_text(&mut stream).await,
+                "unfinished",
+                "a pending fragment is shown once the container stops"
+            );
+            assert!(stream.next().await.is_none());
+        });
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn follow_stops_at_the_byte_limit() {
-        let (_dir, path) = log_file(&format!("{T1} stdout F 12345\n"));
-        let (_alive, still_running) = alive_flag();
-        let options = LogOptions {
-            limit_bytes: Some(9),
-            ..follow_options()
-        };
-        let mut stream = Box::pin(read_logs(path.clone(), options, still_running));
-        assert_eq!(next_text(&mut stream).await, "12345\n");
-        append(&path, &format!("{T1} stdout F abcdef\n"));
-        assert_eq!(next_text(&mut stream).await, "abc");
-        assert!(stream.next().await.is_none());
+    #[test]
+    fn follow_stops_at_the_byte_limit() {
+        on_both_engines(|engine| async move {
+            tokio::time::pause();
+            let (_dir, path) = log_file(&format!("{T1} stdout F 12345\n"));
+            let (_alive, still_running) = alive_flag();
+            let options = LogOptions {
+                limit_bytes: Some(9),
+                ..follow_options()
+            };
+            let mut stream = Box::pin(read_logs(path.clone(), options, engine, still_running));
+            assert_eq!(next_text(&mut stream).await, "12345\n");
+            append(&path, &format!("{T1} stdout F abcdef\n"));
+            assert_eq!(next_text(&mut stream).await, "abc");
+            assert!(stream.next().await.is_none());
+        });
     }
 }

@@ -360,6 +360,7 @@ mod smoke_tests {
     use super::super::smoke_tests::{SOCKET, manager, remove_pod, status_when};
     use super::*;
     use crate::container::{ContainerState, PodStatus, PodUid, Runtime};
+    use crate::io::IoEngine;
     use crate::kuberuntime::logs::{LogOptions, read_logs};
 
     fn container(name: &str, script: &str) -> Container {
@@ -527,9 +528,11 @@ mod smoke_tests {
                     .pod_log_dir("ringlet-smoke", "smoke-streaming", uid)
             )
         );
-        let chunks: Vec<_> = read_logs(path, LogOptions::default(), || async { true })
-            .collect()
-            .await;
+        let chunks: Vec<_> = read_logs(path, LogOptions::default(), IoEngine::Epoll, || async {
+            true
+        })
+        .collect()
+        .await;
         let text: String = chunks
             .into_iter()
             .map(|c| String::from_utf8(c.unwrap().to_vec()).unwrap())
@@ -553,7 +556,7 @@ mod smoke_tests {
         };
         let followed = tokio::time::timeout(
             Duration::from_secs(30),
-            read_logs(path, options, still_running).collect::<Vec<_>>(),
+            read_logs(path, options, IoEngine::Epoll, still_running).collect::<Vec<_>>(),
         )
         .await
         .expect("the followed log ends when the container exits");

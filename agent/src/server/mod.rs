@@ -154,7 +154,8 @@ pub async fn serve_read_only(
     host: Arc<dyn ServerHost>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    listener::serve(listener, Router::new(host, Endpoints::ReadOnly), shutdown).await
+    let router = Router::new(host, Endpoints::ReadOnly, listener.engine());
+    listener::serve(listener, router, shutdown).await
 }
 
 /// Serves only `/healthz` and `/healthz/<check>` on `listener`, like [`serve_read_only`].
@@ -163,12 +164,8 @@ pub async fn serve_healthz(
     host: Arc<dyn ServerHost>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    listener::serve(
-        listener,
-        Router::new(host, Endpoints::HealthzOnly),
-        shutdown,
-    )
-    .await
+    let router = Router::new(host, Endpoints::HealthzOnly, listener.engine());
+    listener::serve(listener, router, shutdown).await
 }
 
 /// How the kubelet API (port 10250) serves: TLS, who may call it, and whether the debugging
@@ -189,7 +186,12 @@ pub async fn serve_api(
     host: Arc<dyn ServerHost>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let router = Router::api(host, serving.debugging_handlers, serving.auth);
+    let router = Router::api(
+        host,
+        serving.debugging_handlers,
+        serving.auth,
+        listener.engine(),
+    );
     listener::serve_tls(listener, serving.tls, router, serving.limits, shutdown).await
 }
 

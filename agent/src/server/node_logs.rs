@@ -7,11 +7,12 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::Stream;
 use http::StatusCode;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
-use tokio::io::AsyncReadExt;
+
+use crate::io::ReadFile;
 
 /// Why a `/logs/` request cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -121,17 +122,17 @@ pub fn resolve(root: &Path, request_path: &str) -> Result<NodeLogTarget, NodeLog
 /// Bytes read per step when streaming a file.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// The contents of an opened file as a body stream, read a piece at a time: node logs can be far
-/// bigger than what should sit in memory.
-pub fn file_stream(
-    file: tokio::fs::File,
-) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static {
-    futures::stream::unfold(Some(file), |file| async move {
-        let mut file = file?;
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
-        match file.read_buf(&mut buf).await {
-            Ok(0) => None,
-            Ok(_) => Some((Ok(buf.freeze()), Some(file))),
+/// The contents of an opened file as a body stream, read a piece at a time through the engine the
+/// file was opened on: node logs can be far bigger than what should sit in memory.
+pub fn file_stream(file: ReadFile) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static {
+    futures::stream::unfold(Some((file, 0)), |state| async move {
+        let (file, offset) = state?;
+        match file.read_at(offset, READ_CHUNK).await {
+            Ok(piece) if piece.is_empty() => None,
+            Ok(piece) => {
+                let next = offset + piece.len() as u64;
+                Some((Ok(piece), Some((file, next))))
+            }
             Err(error) => Some((Err(error), None)),
         }
     })
@@ -185,6 +186,7 @@ fn escape_html(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::{IoEngine, block_on};
 
     /// A root with `a.log`, `sub/b.log`, a secret next to the root, and symlinks in and out.
     fn fixture() -> (tempfile::TempDir, PathBuf) {
@@ -302,17 +304,22 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
-    async fn files_stream_whole_in_pieces() {
+    #[test]
+    fn files_stream_whole_in_pieces_on_both_engines() {
         use futures::StreamExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("big.log");
         let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&path, &content).unwrap();
-        let file = tokio::fs::File::open(&path).await.unwrap();
-        let pieces: Vec<Bytes> = file_stream(file).map(Result::unwrap).collect().await;
-        assert!(pieces.len() > 1, "read a piece at a time");
-        assert_eq!(pieces.concat(), content);
+        for engine in [IoEngine::Uring, IoEngine::Epoll] {
+            let pieces: Vec<Bytes> = block_on(engine, async {
+                let file = ReadFile::open(&path, engine).await.unwrap();
+                file_stream(file).map(Result::unwrap).collect().await
+            })
+            .unwrap();
+            assert!(pieces.len() > 1, "{engine}: read a piece at a time");
+            assert_eq!(pieces.concat(), content, "{engine}");
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ use super::node_logs::{self, NodeLogTarget};
 use super::routes::{ContainerPath, Endpoints, PodPath, Resolved, Route, StreamKind};
 use super::{HostError, PodRef, ServerHost, streaming};
 use crate::container::{ExecRequest, RuntimeError, StreamOptions};
+use crate::io::{IoEngine, ReadFile};
 use crate::kuberuntime::logs::{self, LogOptions};
 use crate::stats;
 
@@ -56,24 +57,33 @@ pub(crate) struct Router {
     endpoints: Endpoints,
     /// Present on the kubelet API port: every request is authenticated and authorised first.
     auth: Option<KubeletAuth>,
+    /// The engine of the listener: log files are read through it.
+    engine: IoEngine,
 }
 
 impl Router {
     /// A router without authentication (the read-only and healthz ports).
-    pub(crate) fn new(host: Arc<dyn ServerHost>, endpoints: Endpoints) -> Self {
+    pub(crate) fn new(host: Arc<dyn ServerHost>, endpoints: Endpoints, engine: IoEngine) -> Self {
         Self {
             host,
             endpoints,
             auth: None,
+            engine,
         }
     }
 
     /// The kubelet API's router: authenticated, authorised, debugging handlers as configured.
-    pub(crate) fn api(host: Arc<dyn ServerHost>, debugging: bool, auth: KubeletAuth) -> Self {
+    pub(crate) fn api(
+        host: Arc<dyn ServerHost>,
+        debugging: bool,
+        auth: KubeletAuth,
+        engine: IoEngine,
+    ) -> Self {
         Self {
             host,
             endpoints: Endpoints::Api { debugging },
             auth: Some(auth),
+            engine,
         }
     }
 
@@ -150,7 +160,9 @@ impl Router {
                 }
             }
             Route::ContainerLogs(target) => self.container_logs(&target, query).await,
-            Route::NodeLogs(rest) => node_log(self.host.node_log_dir(), &path, rest).await,
+            Route::NodeLogs(rest) => {
+                node_log(self.host.node_log_dir(), &path, rest, self.engine).await
+            }
             Route::Stream(kind, target) => {
                 let target = OwnedContainer::from(&target);
                 self.stream(kind, &target, request).await
@@ -238,7 +250,7 @@ impl Router {
                     .unwrap_or(false)
             }
         };
-        let stream = match logs::open_logs(path, options, still_running).await {
+        let stream = match logs::open_logs(path, options, self.engine, still_running).await {
             Ok(stream) => stream,
             Err(error) => {
                 return text(
@@ -381,12 +393,12 @@ enum StreamRequest {
 /// `/logs/<rest>`: a file of the node's log directory, or a listing of one of its directories.
 /// Directory URLs without a trailing slash are redirected to one, because the listing's links are
 /// relative.
-async fn node_log(root: &Path, path: &str, rest: &str) -> Response<Body> {
+async fn node_log(root: &Path, path: &str, rest: &str, engine: IoEngine) -> Response<Body> {
     let root = root.to_path_buf();
     let request = rest.to_owned();
     let resolved = tokio::task::spawn_blocking(move || node_logs::resolve(&root, &request)).await;
     match resolved {
-        Ok(Ok(NodeLogTarget::File(file))) => match tokio::fs::File::open(&file).await {
+        Ok(Ok(NodeLogTarget::File(file))) => match ReadFile::open(&file, engine).await {
             Ok(opened) => {
                 let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(
                     node_logs::file_stream(opened).map_ok(Frame::data),

@@ -494,7 +494,7 @@ fn start_api(engine: IoEngine, host: Arc<FakeHost>, debugging: bool, anonymous: 
     let listener = bind("127.0.0.1:0".parse().unwrap(), engine).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let router = Router::api(host, debugging, auth);
+    let router = Router::api(host, debugging, auth, engine);
     let task = spawn_connection(listener::run(
         listener,
         listener::Plain,

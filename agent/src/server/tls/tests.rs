@@ -39,8 +39,8 @@ use crate::server::routes::Endpoints;
 use crate::server::tests::on_both_engines;
 use crate::server::{PeerCertificates, ServerError, bind};
 
-fn router() -> Router {
-    Router::new(Arc::new(FakeHost::new()), Endpoints::ReadOnly)
+fn router(engine: IoEngine) -> Router {
+    Router::new(Arc::new(FakeHost::new()), Endpoints::ReadOnly, engine)
 }
 
 /// Answers with the DER of the client's certificate, or 204 when it sent none; echoes upgraded
@@ -336,7 +336,7 @@ fn start_plain(engine: IoEngine, limits: ServeLimits) -> Running {
     let task = spawn_connection(listener::run(
         listener,
         Plain,
-        router(),
+        router(engine),
         limits,
         async move {
             let _ = stopped.await;
@@ -384,7 +384,7 @@ async fn generated_certificate_is_served_and_trusted_through_its_file(engine: Io
         ["10.1.2.3", "127.0.0.1", "::1", "localhost", "node-a"]
     );
 
-    let server = start_tls(engine, tls, router(), ServeLimits::default());
+    let server = start_tls(engine, tls, router(engine), ServeLimits::default());
     let client = Client::trusting(&[&cert_pem]);
     for name in ["node-a", "localhost", "127.0.0.1"] {
         let answer = fetch(server.addr, &client, name, "/healthz").await.unwrap();
@@ -453,7 +453,7 @@ async fn supplied_files_are_served_with_their_chain(engine: IoEngine) {
     let pair = server_pair(&authority);
     let tls = ServingTls::load(&with_files(dir.path(), &pair)).unwrap();
     assert!(!dir.path().join("pki").exists(), "nothing is generated");
-    let server = start_tls(engine, tls, router(), ServeLimits::default());
+    let server = start_tls(engine, tls, router(engine), ServeLimits::default());
 
     let answer = fetch(
         server.addr,
@@ -541,7 +541,7 @@ async fn openssl_rsa_and_ec_keys_in_every_pem_flavour_load(engine: IoEngine) {
             ..settings(dir.path())
         };
         let tls = ServingTls::load(&settings).unwrap_or_else(|error| panic!("{key}: {error}"));
-        let server = start_tls(engine, tls, router(), ServeLimits::default());
+        let server = start_tls(engine, tls, router(engine), ServeLimits::default());
         let cert_pem = fs::read_to_string(dir.path().join(&cert)).unwrap();
         let answer = fetch(
             server.addr,
@@ -686,7 +686,7 @@ async fn min_version_13_refuses_a_tls12_client(engine: IoEngine) {
     })
     .unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
-    let server = start_tls(engine, tls, router(), ServeLimits::default());
+    let server = start_tls(engine, tls, router(engine), ServeLimits::default());
 
     let mut old = Client::trusting(&[&cert_pem]);
     old.versions = vec![&rustls::version::TLS12];
@@ -742,7 +742,7 @@ async fn cipher_suites_restrict_tls12_and_leave_tls13_on(engine: IoEngine) {
     })
     .unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
-    let server = start_tls(engine, tls, router(), ServeLimits::default());
+    let server = start_tls(engine, tls, router(engine), ServeLimits::default());
 
     let mut listed = Client::trusting(&[&cert_pem]);
     listed.versions = vec![&rustls::version::TLS12];
@@ -862,7 +862,7 @@ async fn a_response_over_a_mebibyte_arrives_whole_over_tls(engine: IoEngine) {
     let tls = ServingTls::load(&settings(dir.path())).unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
     let host = Arc::new(crate::server::tests::host_with_large_pods());
-    let router = Router::new(Arc::clone(&host) as _, Endpoints::ReadOnly);
+    let router = Router::new(Arc::clone(&host) as _, Endpoints::ReadOnly, engine);
     let server = start_tls(engine, tls, router, ServeLimits::default());
 
     let answer = fetch(
@@ -890,7 +890,7 @@ async fn rotated_files_are_served_to_new_connections(engine: IoEngine) {
     let first = server_pair(&first_ca);
     let second = server_pair(&second_ca);
     let tls = ServingTls::load(&with_files(dir.path(), &first)).unwrap();
-    let server = start_tls(engine, tls, router(), ServeLimits::default());
+    let server = start_tls(engine, tls, router(engine), ServeLimits::default());
     let client = Client::trusting(&[&first_ca.pem, &second_ca.pem]);
     let leaf_served = || async {
         fetch(server.addr, &client, "localhost", "/healthz")
@@ -1046,7 +1046,7 @@ async fn stalled_tls_clients_are_dropped_after_their_timeouts(engine: IoEngine) 
         header_read_timeout: Duration::from_secs(7),
         ..ServeLimits::default()
     };
-    let server = start_tls(engine, tls, router(), limits);
+    let server = start_tls(engine, tls, router(engine), limits);
 
     // Silent after connecting, and half a ClientHello record: cut off at the handshake deadline.
     for opening in [&b""[..], &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]] {
@@ -1093,7 +1093,7 @@ async fn shutdown_finishes_tls_connections_and_stops(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&settings(dir.path())).unwrap();
     let cert_pem = fs::read_to_string(tls.cert_file()).unwrap();
-    let server = start_tls(engine, tls, router(), ServeLimits::default());
+    let server = start_tls(engine, tls, router(engine), ServeLimits::default());
     let mut idle = tls_connect(server.addr, &Client::trusting(&[&cert_pem]), "localhost")
         .await
         .unwrap();
@@ -1119,7 +1119,7 @@ async fn curl_trusts_the_generated_certificate(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let tls = ServingTls::load(&settings(dir.path())).unwrap();
     let cert_file = tls.cert_file().to_owned();
-    let server = start_tls(engine, tls, router(), ServeLimits::default());
+    let server = start_tls(engine, tls, router(engine), ServeLimits::default());
     let port = server.addr.port();
     let output = tokio::process::Command::new("curl")
         .args(["--silent", "--show-error", "--fail", "--cacert"])
