@@ -1,7 +1,8 @@
 //! The agent's CRI round trips and cgroup file sweeps on one I/O engine: `Version`,
 //! `ListContainers`, `PodSandboxStatus` and a targeted relist of one pod (`get_pod_status` through
 //! the runtime manager) against a real containerd, then `read_small_files` over the cgroup files a
-//! `/stats/summary` scrape reads for the running bench pods and for a synthetic tree of container
+//! `/stats/summary` scrape reads, and whole scrapes (`StatsProvider::scrape`, what the agent runs
+//! for `/stats/summary`), for the running bench pods and for a synthetic tree of pod and container
 //! cgroups (created here, removed however the run ends). Prints one JSON array of cases on stdout.
 //! `cargo xtask bench io` runs it once per engine; it corresponds to no kubelet package.
 
@@ -15,24 +16,24 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use ringlet::container::ContainerId;
 use ringlet::container::{PodUid, Runtime};
 use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine, IoEngineSetting};
 use ringlet::kuberuntime::{
     CriClient, KubeGenericRuntimeManager, RuntimeHelper, RuntimeSettings, labels,
 };
+use ringlet::stats::{
+    CgroupLayout, ContainerStatsInput, PodStatsInput, StatsProvider, StatsSettings,
+    timestamp_from_unix_nanos,
+};
 use ringlet_proto::runtime::v1 as cri;
 use serde_json::{Value, json};
 
 const CRI_TIMEOUT: Duration = Duration::from_secs(10);
-/// The v1 files a `/stats/summary` scrape reads per cgroup, by hierarchy.
-const CPUACCT_FILES: &[&str] = &["cpuacct.usage"];
-const MEMORY_FILES: &[&str] = &[
-    "memory.usage_in_bytes",
-    "memory.limit_in_bytes",
-    "memory.stat",
-];
 const QOS_CLASSES: &[&str] = &["besteffort", "burstable", ""];
+/// Containers per pod in the synthetic tree.
+const SYNTHETIC_CONTAINERS_PER_POD: usize = 10;
 
 #[derive(Parser)]
 struct Args {
@@ -52,7 +53,7 @@ struct Args {
     /// Measured sweeps of each cgroup file set, after `--warmup` / 10 warm-up sweeps.
     #[arg(long, default_value_t = 200)]
     sweeps: usize,
-    /// Synthetic container cgroups to create for the large sweep.
+    /// Synthetic container cgroups to create for the large sweep and scrape (in pods of 10).
     #[arg(long, default_value_t = 1000)]
     synthetic: usize,
     /// Mount point of the cgroup v1 hierarchies.
@@ -145,21 +146,29 @@ async fn run(args: &Args, engine: IoEngine) -> Result<Vec<Value>> {
     );
 
     let sweeps = (args.sweeps, (args.warmup / 10).max(1));
-    let real = bench_cgroup_files(&args.cgroup_root, &containers)?;
+    let layout = CgroupLayout::detect().context("finding the cgroup mounts")?;
+    let stats = StatsProvider::new(StatsSettings::new("ringlet-io-bench", layout));
+    let real = bench_pods(&args.cgroup_root, &containers)?;
+    let real_files = stats.cgroup_files(&real);
     let real_case = format!(
-        "{} pod + container cgroups of the bench pods ({} files)",
-        real.cgroups,
-        real.files.len()
+        "{} bench pods, {} containers ({} cgroup files)",
+        real.len(),
+        containers.len(),
+        real_files.len()
     );
-    cases.push(sweep_case(engine, &real_case, &real.files, sweeps).await?);
+    cases.push(sweep_case(engine, &real_case, &real_files, sweeps).await?);
+    cases.push(scrape_case(engine, &stats, &real_case, &real, sweeps).await?);
 
     let tree = SyntheticTree::create(&args.cgroup_root, &args.synthetic_name, args.synthetic)?;
+    let synthetic_files = stats.cgroup_files(&tree.pods);
     let synthetic_case = format!(
-        "{} synthetic container cgroups ({} files)",
+        "{} synthetic pods, {} containers ({} cgroup files)",
+        tree.pods.len(),
         args.synthetic,
-        tree.files.len()
+        synthetic_files.len()
     );
-    cases.push(sweep_case(engine, &synthetic_case, &tree.files, sweeps).await?);
+    cases.push(sweep_case(engine, &synthetic_case, &synthetic_files, sweeps).await?);
+    cases.push(scrape_case(engine, &stats, &synthetic_case, &tree.pods, sweeps).await?);
     drop(tree);
     Ok(cases)
 }
@@ -199,20 +208,64 @@ async fn sweep_case(
     files: &[PathBuf],
     sweeps: (usize, usize),
 ) -> Result<Value> {
-    measure(engine.as_str(), "cgroup sweep", case, sweeps, || async {
-        let read = io::read_small_files(files, engine).await;
-        match read
-            .into_iter()
-            .zip(files)
-            .find_map(|(r, p)| r.err().map(|e| (e, p)))
-        {
-            Some((error, path)) => Err(std::io::Error::new(
-                error.kind(),
-                format!("reading {}: {error}", path.display()),
-            )),
-            None => Ok(()),
-        }
-    })
+    measure(
+        engine.as_str(),
+        "cgroup file sweep",
+        case,
+        sweeps,
+        || async {
+            let read = io::read_small_files(files, engine).await;
+            match read
+                .into_iter()
+                .zip(files)
+                .find_map(|(r, p)| r.err().map(|e| (e, p)))
+            {
+                Some((error, path)) => Err(std::io::Error::new(
+                    error.kind(),
+                    format!("reading {}: {error}", path.display()),
+                )),
+                None => Ok(()),
+            }
+        },
+    )
+    .await
+}
+
+/// Whole `/stats/summary` scrapes of `pods` without the HTTP around them; fails when a container
+/// is missing from a summary (its cgroup could not be read).
+async fn scrape_case(
+    engine: IoEngine,
+    stats: &StatsProvider,
+    case: &str,
+    pods: &[PodStatsInput],
+    scrapes: (usize, usize),
+) -> Result<Value> {
+    let containers: usize = pods.iter().map(|pod| pod.containers.len()).sum();
+    measure(
+        engine.as_str(),
+        "stats summary scrape in process",
+        case,
+        scrapes,
+        || async {
+            let summary = stats
+                .scrape(pods.to_vec(), engine, false)
+                .await
+                .map_err(std::io::Error::other)?;
+            let with_cpu = summary
+                .pods
+                .iter()
+                .flat_map(|pod| &pod.containers)
+                .filter(|container| container.cpu.is_some() && container.memory.is_some())
+                .count();
+            if with_cpu == containers {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(format!(
+                    "{with_cpu} of {containers} containers have CPU and memory figures"
+                )))
+            }
+        },
+    )
     .await
 }
 
@@ -257,98 +310,119 @@ fn cpu_seconds() -> Result<f64> {
     Ok(seconds(usage.ru_utime) + seconds(usage.ru_stime))
 }
 
-struct CgroupFiles {
-    cgroups: usize,
-    files: Vec<PathBuf>,
-}
-
-/// The files a summary scrape reads for every bench pod's cgroup and each of its containers'.
-fn bench_cgroup_files(root: &Path, containers: &[cri::Container]) -> Result<CgroupFiles> {
-    let mut pods: HashMap<String, Vec<&str>> = HashMap::new();
+/// The bench pods as the agent's stats scrape sees them: each pod's cgroup below `kubepods` and
+/// its containers.
+fn bench_pods(root: &Path, containers: &[cri::Container]) -> Result<Vec<PodStatsInput>> {
+    let mut pods: HashMap<String, PodStatsInput> = HashMap::new();
     for container in containers {
-        let uid = container
-            .labels
-            .get(labels::POD_UID)
-            .with_context(|| format!("container {} has no pod uid label", container.id))?;
-        pods.entry(uid.clone()).or_default().push(&container.id);
+        let label = |key: &str| container.labels.get(key).cloned().unwrap_or_default();
+        let uid = label(labels::POD_UID);
+        if uid.is_empty() {
+            bail!("container {} has no pod uid label", container.id);
+        }
+        let pod = match pods.entry(uid.clone()) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let cgroup = QOS_CLASSES
+                    .iter()
+                    .map(|qos| Path::new("/kubepods").join(qos).join(format!("pod{uid}")))
+                    .find(|pod| {
+                        root.join("memory")
+                            .join(pod.strip_prefix("/").unwrap_or(pod))
+                            .is_dir()
+                    })
+                    .with_context(|| format!("no memory cgroup of pod {uid} under kubepods"))?;
+                entry.insert(PodStatsInput {
+                    namespace: label(labels::POD_NAMESPACE),
+                    name: label(labels::POD_NAME),
+                    uid: PodUid::new(uid),
+                    start_time: timestamp_from_unix_nanos(container.created_at),
+                    cgroup: cgroup.display().to_string(),
+                    containers: Vec::new(),
+                })
+            }
+        };
+        pod.containers.push(ContainerStatsInput {
+            name: label(labels::CONTAINER_NAME),
+            id: ContainerId::new(container.id.clone()),
+            start_time: timestamp_from_unix_nanos(container.created_at),
+        });
     }
-    let mut relative = Vec::new();
-    for (uid, ids) in &pods {
-        let pod = QOS_CLASSES
-            .iter()
-            .map(|qos| Path::new("kubepods").join(qos).join(format!("pod{uid}")))
-            .find(|pod| root.join("memory").join(pod).is_dir())
-            .with_context(|| format!("no memory cgroup of pod {uid} under kubepods"))?;
-        relative.push(pod.clone());
-        relative.extend(ids.iter().map(|id| pod.join(id)));
-    }
-    Ok(CgroupFiles {
-        cgroups: relative.len(),
-        files: files_of(root, &relative),
-    })
+    Ok(pods.into_values().collect())
 }
 
-fn files_of(root: &Path, cgroups: &[PathBuf]) -> Vec<PathBuf> {
-    let mut files = Vec::with_capacity(cgroups.len() * 4);
-    for cgroup in cgroups {
-        files.extend(
-            CPUACCT_FILES
-                .iter()
-                .map(|f| root.join("cpuacct").join(cgroup).join(f)),
-        );
-        files.extend(
-            MEMORY_FILES
-                .iter()
-                .map(|f| root.join("memory").join(cgroup).join(f)),
-        );
-    }
-    files
-}
-
-/// `<hierarchy>/<name>/c<i>` in the `memory` and `cpuacct` hierarchies; removed on drop.
+/// `<hierarchy>/<name>/pod<i>/c<j>` in the `memory` and `cpuacct` hierarchies, in pods of
+/// [`SYNTHETIC_CONTAINERS_PER_POD`]; removed on drop.
 struct SyntheticTree {
     parents: Vec<PathBuf>,
-    files: Vec<PathBuf>,
+    pods: Vec<PodStatsInput>,
 }
 
 impl SyntheticTree {
-    fn create(root: &Path, name: &str, count: usize) -> Result<Self> {
+    fn create(root: &Path, name: &str, containers: usize) -> Result<Self> {
         let mut tree = Self {
             parents: ["memory", "cpuacct"]
                 .iter()
                 .map(|h| root.join(h).join(name))
                 .collect(),
-            files: Vec::new(),
+            pods: Vec::new(),
         };
         // What an interrupted run left behind would make mkdir fail.
         tree.remove();
+        let pod_count = containers.div_ceil(SYNTHETIC_CONTAINERS_PER_POD);
+        for i in 0..pod_count {
+            let first = i * SYNTHETIC_CONTAINERS_PER_POD;
+            let ids: Vec<String> = (first..containers.min(first + SYNTHETIC_CONTAINERS_PER_POD))
+                .map(|j| format!("c{j}"))
+                .collect();
+            tree.pods.push(PodStatsInput {
+                namespace: "ringlet-io-bench".to_owned(),
+                name: format!("pod{i}"),
+                uid: PodUid::new(format!("synthetic-{i}")),
+                start_time: timestamp_from_unix_nanos(0),
+                cgroup: format!("/{name}/pod{i}"),
+                containers: ids
+                    .iter()
+                    .map(|id| ContainerStatsInput {
+                        name: id.clone(),
+                        id: ContainerId::new(id.clone()),
+                        start_time: timestamp_from_unix_nanos(0),
+                    })
+                    .collect(),
+            });
+        }
         for parent in &tree.parents {
             fs::create_dir(parent).with_context(|| format!("creating {}", parent.display()))?;
-            for i in 0..count {
-                let dir = parent.join(format!("c{i}"));
-                fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for pod in &tree.pods {
+                let pod_dir = parent.join(pod.cgroup.trim_start_matches(&format!("/{name}/")));
+                fs::create_dir(&pod_dir)
+                    .with_context(|| format!("creating {}", pod_dir.display()))?;
+                for container in &pod.containers {
+                    let dir = pod_dir.join(container.id.as_str());
+                    fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                }
             }
         }
-        let cgroups: Vec<PathBuf> = (0..count)
-            .map(|i| Path::new(name).join(format!("c{i}")))
-            .collect();
-        tree.files = files_of(root, &cgroups);
         Ok(tree)
     }
 
     /// Best effort: a cgroup directory is removed with rmdir, children first.
     fn remove(&self) {
         for parent in &self.parents {
-            if let Ok(children) = fs::read_dir(parent) {
-                for child in children.flatten() {
-                    if child.file_type().is_ok_and(|t| t.is_dir()) {
-                        let _ = fs::remove_dir(child.path());
-                    }
-                }
-            }
-            let _ = fs::remove_dir(parent);
+            remove_cgroup_tree(parent);
         }
     }
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(children) = fs::read_dir(dir) {
+        for child in children.flatten() {
+            if child.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&child.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
 }
 
 impl Drop for SyntheticTree {

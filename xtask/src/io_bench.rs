@@ -1,8 +1,9 @@
 //! `cargo xtask bench io`: the `io_uring` engine against the epoll engine on the same workload, in
 //! one run. For each engine an agent with 100 static pods runs with `--io-engine=<engine>`; while
 //! its pods run, `agent/examples/io_bench` (on the same engine) times CRI round trips against the
-//! lab's containerd and cgroup file sweeps, then the load generator of `bench server` times the TLS
-//! kubelet API (`/pods`, `/healthz`, `/stats/summary`). Results carry medians, p99 and the CPU of
+//! lab's containerd, cgroup file sweeps and in-process stats scrapes (of the bench pods and of a
+//! synthetic tree of 1,000 container cgroups), then the load generator of `bench server` times the
+//! TLS kubelet API (`/pods`, `/healthz`, `/stats/summary`). Results carry medians, p99 and the CPU of
 //! the process doing the I/O, and the report pairs each case's uring and epoll numbers.
 
 use std::fmt::Write as _;
@@ -43,10 +44,10 @@ pub struct IoArgs {
     /// Measured calls of each CRI method per engine.
     #[arg(long, default_value_t = 1000)]
     calls: usize,
-    /// Measured sweeps of each cgroup file set per engine.
+    /// Measured sweeps, and in-process scrapes, of each cgroup file set per engine.
     #[arg(long, default_value_t = 200)]
     sweeps: usize,
-    /// Synthetic container cgroups for the large sweep.
+    /// Synthetic container cgroups (in pods of 10) for the large sweep and scrape.
     #[arg(long, default_value_t = 1000)]
     synthetic: usize,
     /// Benchmark this ringlet binary instead of building target/release/ringlet.
@@ -194,7 +195,7 @@ fn engine_run(
             let cpu = process_cpu_seconds(agent.pid())? - cpu_before;
             agent.exited()?;
             let section = if path == SUMMARY_PATH {
-                "stats summary"
+                "stats summary over HTTPS"
             } else {
                 "https"
             };
@@ -281,9 +282,10 @@ fn write_report(root: &Path, report: &Report) -> Result<()> {
     fs::write(&json_path, serde_json::to_vec_pretty(report)?)?;
     let mut md = format!(
         "# bench io: io_uring engine vs epoll engine\n\ncommit {}, {}, {} pods running on the \
-         lab's containerd. Each engine in turn: an agent with `--io-engine=<engine>`; CRI and \
-         cgroup sweeps from `agent/examples/io_bench` on the same engine (sequential calls after \
-         a warm-up; CPU is the example process's, `io_uring` workers included); HTTPS through \
+         lab's containerd. Each engine in turn: an agent with `--io-engine=<engine>`; CRI calls, \
+         cgroup file sweeps and whole stats scrapes (`StatsProvider::scrape`, what `/stats/summary` \
+         runs, without HTTP) from `agent/examples/io_bench` on the same engine (sequential calls \
+         after a warm-up; CPU is the example process's, `io_uring` workers included); HTTPS through \
          the `bench server` load generator ({} s per case after a 1 s warm-up, TLS keep-alive, \
          client certificate; CPU is the agent's). Ratios are uring / epoll: below 1 means uring \
          is faster (latency, CPU), above 1 means uring does more per second.\nMachine: {}\n",

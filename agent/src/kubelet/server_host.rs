@@ -1,7 +1,6 @@
 //! What the HTTP servers see of the kubelet (the kubelet's `HostInterface` for `pkg/kubelet/server`),
 //! and what the CRI runtime manager asks of it (`RuntimeHelper`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{
     ContainerState, PodCache, PodStatus, PodUid, Runtime, SandboxId, SandboxState, StreamingRuntime,
 };
-use crate::io::{self, IoEngine};
+use crate::io::IoEngine;
 use crate::kuberuntime::RuntimeHelper;
 use crate::metrics::Metrics;
 use crate::pleg::PlegHandle;
@@ -173,21 +172,11 @@ impl ServerHost for KubeletServerHost {
 
     async fn stats_summary(&self, cpu_and_memory_only: bool) -> Result<Summary, HostError> {
         let inputs = stats_inputs(&self.pods, &self.cache, &self.pod_cgroups);
-        let stats = self.api.stats.clone();
-        // The many small cgroup files of a scrape are read in one batch through the I/O engine;
-        // parsing and the filesystem walks run on the blocking pool.
-        let files = stats.cgroup_files(&inputs);
-        let contents = io::read_small_files(&files, self.api.io_engine).await;
-        let read: HashMap<PathBuf, Vec<u8>> = files
-            .into_iter()
-            .zip(contents)
-            .filter_map(|(path, content)| Some((path, content.ok()?)))
-            .collect();
-        tokio::task::spawn_blocking(move || {
-            stats.summary_prefetched(&inputs, read, cpu_and_memory_only)
-        })
-        .await
-        .map_err(|error| HostError::Unavailable(format!("collecting stats: {error}")))
+        self.api
+            .stats
+            .scrape(inputs, self.api.io_engine, cpu_and_memory_only)
+            .await
+            .map_err(|error| HostError::Unavailable(format!("collecting stats: {error}")))
     }
 
     async fn container(

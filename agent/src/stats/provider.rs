@@ -22,6 +22,7 @@ use super::types::{
 use crate::apis::config::CgroupDriver;
 use crate::container::{ContainerId, ContainerState, PodStatus, PodUid};
 use crate::error_chain::error_chain;
+use crate::io::{self, IoEngine};
 
 /// containerd's content store (compressed image blobs) below its root directory.
 const CONTENT_BLOBS: &str = "io.containerd.content.v1.content/blobs";
@@ -243,6 +244,30 @@ impl StatsProvider {
                 self.summary(pods)
             }
         })
+    }
+
+    /// A whole scrape as the agent serves it: the many small cgroup files are read in one batch
+    /// through `engine`, then parsing and the filesystem walks run on the blocking pool (a file
+    /// that cannot be read is left out of the summary, as in [`summary`](Self::summary)). Must run
+    /// inside [`block_on`](crate::io::block_on).
+    pub async fn scrape(
+        &self,
+        pods: Vec<PodStatsInput>,
+        engine: IoEngine,
+        cpu_and_memory_only: bool,
+    ) -> Result<Summary, tokio::task::JoinError> {
+        let files = self.cgroup_files(&pods);
+        let contents = io::read_small_files(&files, engine).await;
+        let read: HashMap<PathBuf, Vec<u8>> = files
+            .into_iter()
+            .zip(contents)
+            .filter_map(|(path, content)| Some((path, content.ok()?)))
+            .collect();
+        let provider = self.clone();
+        tokio::task::spawn_blocking(move || {
+            provider.summary_prefetched(&pods, read, cpu_and_memory_only)
+        })
+        .await
     }
 
     /// Only CPU, memory and swap, without walking any directory: the kubelet's
