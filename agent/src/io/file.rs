@@ -208,8 +208,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let contents: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&path, &contents).unwrap();
         for engine in [IoEngine::Uring, IoEngine::Epoll] {
+            // Each engine starts from the same file: the previous one appended and replaced it.
             std::fs::write(&path, &contents).unwrap();
             block_on(engine, async {
                 let file = ReadFile::open(&path, engine).await.unwrap();
@@ -276,5 +276,58 @@ mod tests {
             })
             .unwrap();
         }
+    }
+
+    /// The uring engine reads files with `io_uring` operations, not system calls: on a thread
+    /// whose seccomp filter refuses `openat`, `pread64` and `statx`, the uring engine still reads
+    /// a log file and cgroup files, while the epoll engine's reads are refused.
+    #[test]
+    fn uring_reads_files_that_file_system_calls_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, b"written before the filter").unwrap();
+        let cgroup_file = PathBuf::from("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+        assert!(cgroup_file.exists(), "{} is missing", cgroup_file.display());
+        // The filter stays on the thread that installs it (and the threads it starts): a thread
+        // of its own keeps it away from the other tests.
+        std::thread::spawn(move || {
+            refuse_file_system_calls();
+            let refused = block_on(IoEngine::Epoll, ReadFile::open(&path, IoEngine::Epoll))
+                .unwrap()
+                .err()
+                .expect("the filter refuses the epoll engine's openat");
+            assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied);
+
+            block_on(IoEngine::Uring, async {
+                let file = ReadFile::open(&path, IoEngine::Uring).await.unwrap();
+                let read = file.read_at(0, 64).await.unwrap();
+                assert_eq!(read, b"written before the filter"[..]);
+                assert_eq!(file.identity().await.unwrap().len, 25);
+                assert_eq!(identity_of(&path, IoEngine::Uring).await.unwrap().len, 25);
+                let swept = super::super::read_small_files(&[cgroup_file], IoEngine::Uring).await;
+                let usage = String::from_utf8(swept[0].as_ref().unwrap().clone()).unwrap();
+                assert!(usage.trim().parse::<u64>().is_ok(), "{usage:?}");
+            })
+            .unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn refuse_file_system_calls() {
+        use seccompiler::{SeccompAction, SeccompFilter};
+        let refused = [libc::SYS_openat, libc::SYS_pread64, libc::SYS_statx]
+            .into_iter()
+            .map(|call| (call, Vec::new()))
+            .collect();
+        let filter = SeccompFilter::new(
+            refused,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EPERM as u32),
+            std::env::consts::ARCH.try_into().unwrap(),
+        )
+        .unwrap();
+        let program: seccompiler::BpfProgram = filter.try_into().unwrap();
+        seccompiler::apply_filter(&program).unwrap();
     }
 }
