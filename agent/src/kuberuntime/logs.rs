@@ -465,7 +465,7 @@ where
             }
             if self.rotated {
                 self.finish_line(&mut out);
-                self.open(0).await?;
+                self.open().await?;
                 self.rotated = false;
                 continue;
             }
@@ -481,7 +481,7 @@ where
     }
 
     async fn open_first(&mut self) -> io::Result<()> {
-        self.open(0).await?;
+        self.open().await?;
         if let (Some(lines), Some(file)) = (self.options.tail_lines, &self.file) {
             self.position = tail_start(file, lines, TAIL_CHUNK).await?;
         }
@@ -499,11 +499,12 @@ where
         Ok(())
     }
 
-    async fn open(&mut self, start: u64) -> io::Result<()> {
+    /// Opens the file at the path (again, after a rotation) and reads it from its start.
+    async fn open(&mut self) -> io::Result<()> {
         let file = ReadFile::open(&self.path, self.engine).await?;
         let identity = file.identity().await?;
         self.identity = (identity.device, identity.inode);
-        self.position = start;
+        self.position = 0;
         self.unsplit.clear();
         self.file = Some(file);
         Ok(())
