@@ -88,11 +88,12 @@ impl ReadFile {
     pub async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         match &self.0 {
             Backend::Uring(requests) => {
-                let (reply, answer) = oneshot::channel();
-                requests
-                    .send(UringRequest::ReadAt { offset, len, reply })
-                    .map_err(|_| task_gone())?;
-                answer.await.map_err(|_| task_gone())?
+                ask(requests, |reply| UringRequest::ReadAt {
+                    offset,
+                    len,
+                    reply,
+                })
+                .await
             }
             Backend::Epoll(file) => {
                 let file = Arc::clone(file);
@@ -111,11 +112,7 @@ impl ReadFile {
     pub async fn identity(&self) -> io::Result<FileIdentity> {
         match &self.0 {
             Backend::Uring(requests) => {
-                let (reply, answer) = oneshot::channel();
-                requests
-                    .send(UringRequest::Identity { reply })
-                    .map_err(|_| task_gone())?;
-                answer.await.map_err(|_| task_gone())?
+                ask(requests, |reply| UringRequest::Identity { reply }).await
             }
             Backend::Epoll(file) => {
                 let file = Arc::clone(file);
@@ -180,6 +177,16 @@ async fn serve_uring_file(
             }
         }
     }
+}
+
+/// Sends the file's task one request and waits for its answer.
+async fn ask<T>(
+    requests: &mpsc::UnboundedSender<UringRequest>,
+    request: impl FnOnce(oneshot::Sender<io::Result<T>>) -> UringRequest,
+) -> io::Result<T> {
+    let (reply, answer) = oneshot::channel();
+    requests.send(request(reply)).map_err(|_| task_gone())?;
+    answer.await.map_err(|_| task_gone())?
 }
 
 async fn blocking<T: Send + 'static>(
@@ -304,7 +311,7 @@ mod tests {
                 assert_eq!(read, b"written before the filter"[..]);
                 assert_eq!(file.identity().await.unwrap().len, 25);
                 assert_eq!(identity_of(&path, IoEngine::Uring).await.unwrap().len, 25);
-                let swept = super::super::read_small_files(&[cgroup_file], IoEngine::Uring).await;
+                let swept = crate::io::read_small_files(&[cgroup_file], IoEngine::Uring).await;
                 let usage = String::from_utf8(swept[0].as_ref().unwrap().clone()).unwrap();
                 assert!(usage.trim().parse::<u64>().is_ok(), "{usage:?}");
             })

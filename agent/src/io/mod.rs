@@ -18,6 +18,8 @@ mod fs;
 mod grpc;
 mod net;
 mod probe;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use engine::{EngineError, IoEngine, IoEngineSetting, block_on, select};
 pub use file::{FileIdentity, ReadFile, identity_of};

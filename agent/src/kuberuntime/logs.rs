@@ -378,7 +378,7 @@ struct LogReader<F> {
     /// The file offset up to which the file has been read into `unsplit`.
     position: u64,
     /// Bytes read from the file and not yet split into lines.
-    unsplit: BytesMut,
+    unsplit: Bytes,
     /// The raw line being read: an incomplete last line waits here for the rest.
     line: Vec<u8>,
     pending: Option<Pending>,
@@ -406,7 +406,7 @@ where
             file: None,
             identity: (0, 0),
             position: 0,
-            unsplit: BytesMut::new(),
+            unsplit: Bytes::new(),
             line: Vec::new(),
             pending: None,
             watch: None,
@@ -524,7 +524,7 @@ where
                     return Ok(true);
                 }
                 self.position += read.len() as u64;
-                self.unsplit.extend_from_slice(&read);
+                self.unsplit = read;
             }
             let budget = MAX_LINE.saturating_sub(self.line.len()).max(1);
             let window = self.unsplit.len().min(budget);
@@ -666,6 +666,7 @@ mod tests {
     use futures::StreamExt;
 
     use super::*;
+    use crate::io::testing::on_both_engines;
 
     const T1: &str = "2026-11-22T10:00:01.000000001Z";
     const T2: &str = "2026-11-22T10:00:02.5Z";
@@ -694,13 +695,6 @@ mod tests {
     fn append(path: &Path, text: &str) {
         let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
         file.write_all(text.as_bytes()).unwrap();
-    }
-
-    /// Runs `test` on each engine's runtime: the files are read through that engine.
-    fn on_both_engines<F: Future<Output = ()>>(test: impl Fn(IoEngine) -> F) {
-        for engine in [IoEngine::Uring, IoEngine::Epoll] {
-            crate::io::block_on(engine, test(engine)).unwrap();
-        }
     }
 
     async fn read_all(path: &Path, options: LogOptions, engine: IoEngine) -> String {
@@ -822,82 +816,66 @@ mod tests {
         }
     }
 
-    #[test]
-    fn partial_lines_are_joined_and_malformed_lines_skipped() {
-        on_both_engines(|engine| async move {
-            let (_dir, path) = log_file(&format!(
-                "{T1} stdout P hel\n{T1} stdout P lo \nnot a log line\n{T2} stderr F world\n{T3} stdout F next\n"
-            ));
-            assert_eq!(
-                read_all(&path, LogOptions::default(), engine).await,
-                "hello world\nnext\n"
-            );
-        });
+    async fn partial_lines_are_joined_and_malformed_lines_skipped(engine: IoEngine) {
+        let (_dir, path) = log_file(&format!(
+            "{T1} stdout P hel\n{T1} stdout P lo \nnot a log line\n{T2} stderr F world\n{T3} stdout F next\n"
+        ));
+        assert_eq!(
+            read_all(&path, LogOptions::default(), engine).await,
+            "hello world\nnext\n"
+        );
     }
 
-    #[test]
-    fn timestamps_prefix_each_joined_line_with_its_first_fragments_time() {
-        on_both_engines(|engine| async move {
-            let (_dir, path) = log_file(&format!(
-                "{T1} stdout P a\n{T2} stdout F b\n{T3} stdout F c\n"
-            ));
+    async fn timestamps_prefix_each_joined_line_with_its_first_fragments_time(engine: IoEngine) {
+        let (_dir, path) = log_file(&format!(
+            "{T1} stdout P a\n{T2} stdout F b\n{T3} stdout F c\n"
+        ));
+        let options = LogOptions {
+            timestamps: true,
+            ..LogOptions::default()
+        };
+        assert_eq!(
+            read_all(&path, options, engine).await,
+            format!("{T1} ab\n{T3} c\n")
+        );
+    }
+
+    async fn since_skips_older_lines(engine: IoEngine) {
+        let (_dir, path) = log_file(&format!(
+            "{T1} stdout F one\n{T2} stdout F two\n{T3} stdout F three\n"
+        ));
+        let options = LogOptions {
+            since: Some("2026-11-22T10:00:02Z".parse().unwrap()),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(&path, options, engine).await, "two\nthree\n");
+    }
+
+    async fn limit_bytes_stops_exactly_at_the_limit(engine: IoEngine) {
+        let text = numbered(5000);
+        let (_dir, path) = log_file(&text);
+        let full = read_all(&path, LogOptions::default(), engine).await;
+        // Across output chunks, and inside a line.
+        for limit in [1, 7, 40_000, 40_001] {
             let options = LogOptions {
-                timestamps: true,
+                limit_bytes: Some(limit),
                 ..LogOptions::default()
             };
-            assert_eq!(
-                read_all(&path, options, engine).await,
-                format!("{T1} ab\n{T3} c\n")
-            );
-        });
+            let out = read_all(&path, options, engine).await;
+            assert_eq!(out.len() as u64, limit);
+            assert!(full.starts_with(&out));
+        }
     }
 
-    #[test]
-    fn since_skips_older_lines() {
-        on_both_engines(|engine| async move {
-            let (_dir, path) = log_file(&format!(
-                "{T1} stdout F one\n{T2} stdout F two\n{T3} stdout F three\n"
-            ));
-            let options = LogOptions {
-                since: Some("2026-11-22T10:00:02Z".parse().unwrap()),
-                ..LogOptions::default()
-            };
-            assert_eq!(read_all(&path, options, engine).await, "two\nthree\n");
-        });
+    async fn an_unterminated_last_line_is_shown_when_not_following(engine: IoEngine) {
+        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two"));
+        assert_eq!(
+            read_all(&path, LogOptions::default(), engine).await,
+            "one\ntwo\n"
+        );
     }
 
-    #[test]
-    fn limit_bytes_stops_exactly_at_the_limit() {
-        on_both_engines(|engine| async move {
-            let text = numbered(5000);
-            let (_dir, path) = log_file(&text);
-            let full = read_all(&path, LogOptions::default(), engine).await;
-            // Across output chunks, and inside a line.
-            for limit in [1, 7, 40_000, 40_001] {
-                let options = LogOptions {
-                    limit_bytes: Some(limit),
-                    ..LogOptions::default()
-                };
-                let out = read_all(&path, options, engine).await;
-                assert_eq!(out.len() as u64, limit);
-                assert!(full.starts_with(&out));
-            }
-        });
-    }
-
-    #[test]
-    fn an_unterminated_last_line_is_shown_when_not_following() {
-        on_both_engines(|engine| async move {
-            let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two"));
-            assert_eq!(
-                read_all(&path, LogOptions::default(), engine).await,
-                "one\ntwo\n"
-            );
-        });
-    }
-
-    #[test]
-    fn tail_reads_backwards_in_chunks_and_never_splits_a_joined_line() {
+    async fn tail_reads_backwards_in_chunks_and_never_splits_a_joined_line(engine: IoEngine) {
         let mut text = numbered(300);
         let _ = write!(
             text,
@@ -905,99 +883,85 @@ mod tests {
         );
         let (_dir, path) = log_file(&text);
         assert!(text.len() > 64 * 10, "the file spans many chunks");
-        on_both_engines(|engine| {
-            let (text, path) = (text.clone(), path.clone());
-            async move {
-                let file = ReadFile::open(&path, engine).await.unwrap();
-                for chunk in [1, 7, 64, TAIL_CHUNK] {
-                    let start = tail_start(&file, 2, chunk).await.unwrap();
-                    assert_eq!(
-                        &text[usize::try_from(start).unwrap()..],
-                        format!(
-                            "{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"
-                        ),
-                        "{engine}, chunk {chunk}"
-                    );
-                    let start = tail_start(&file, 0, chunk).await.unwrap();
-                    assert_eq!(start, text.len() as u64);
-                    assert_eq!(tail_start(&file, 10_000, chunk).await.unwrap(), 0);
-                    assert_eq!(tail_start(&file, 302, chunk).await.unwrap(), 0);
-                    let start = tail_start(&file, 301, chunk).await.unwrap();
-                    assert!(
-                        text[usize::try_from(start).unwrap()..]
-                            .starts_with(&format!("{T1} stdout F line 1\n"))
-                    );
-                }
-            }
-        });
-    }
-
-    #[test]
-    fn tail_of_a_file_bigger_than_a_read_chunk() {
-        on_both_engines(|engine| async move {
-            let text = numbered(20_000);
-            assert!(text.len() > 4 * TAIL_CHUNK);
-            let (_dir, path) = log_file(&text);
-            let options = LogOptions {
-                tail_lines: Some(3),
-                ..LogOptions::default()
-            };
+        let file = ReadFile::open(&path, engine).await.unwrap();
+        for chunk in [1, 7, 64, TAIL_CHUNK] {
+            let start = tail_start(&file, 2, chunk).await.unwrap();
             assert_eq!(
-                read_all(&path, options, engine).await,
-                "line 19997\nline 19998\nline 19999\n"
+                &text[usize::try_from(start).unwrap()..],
+                format!(
+                    "{T1} stdout P first half, \n{T1} stdout F second half\ngarbage\n{T1} stdout F last\n"
+                ),
+                "{engine}, chunk {chunk}"
             );
-            let options = LogOptions {
-                tail_lines: Some(0),
-                ..LogOptions::default()
-            };
-            assert_eq!(read_all(&path, options, engine).await, "");
-        });
+            let start = tail_start(&file, 0, chunk).await.unwrap();
+            assert_eq!(start, text.len() as u64);
+            assert_eq!(tail_start(&file, 10_000, chunk).await.unwrap(), 0);
+            assert_eq!(tail_start(&file, 302, chunk).await.unwrap(), 0);
+            let start = tail_start(&file, 301, chunk).await.unwrap();
+            assert!(
+                text[usize::try_from(start).unwrap()..]
+                    .starts_with(&format!("{T1} stdout F line 1\n"))
+            );
+        }
     }
 
-    #[test]
-    fn a_missing_file_is_one_error_naming_it() {
-        on_both_engines(|engine| async move {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("0.log");
-            let mut stream = Box::pin(read_logs(path, LogOptions::default(), engine, || async {
-                true
-            }));
-            let err = stream.next().await.unwrap().unwrap_err();
-            assert_eq!(err.kind(), io::ErrorKind::NotFound);
-            assert!(err.to_string().contains("0.log"), "{err}");
-            assert!(stream.next().await.is_none());
-        });
+    async fn tail_of_a_file_bigger_than_a_read_chunk(engine: IoEngine) {
+        let text = numbered(20_000);
+        assert!(text.len() > 4 * TAIL_CHUNK);
+        let (_dir, path) = log_file(&text);
+        let options = LogOptions {
+            tail_lines: Some(3),
+            ..LogOptions::default()
+        };
+        assert_eq!(
+            read_all(&path, options, engine).await,
+            "line 19997\nline 19998\nline 19999\n"
+        );
+        let options = LogOptions {
+            tail_lines: Some(0),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(&path, options, engine).await, "");
     }
 
-    #[test]
-    fn open_logs_reports_a_missing_file_before_streaming() {
-        on_both_engines(|engine| async move {
-            let dir = tempfile::tempdir().unwrap();
-            let missing = open_logs(
-                dir.path().join("0.log"),
-                LogOptions::default(),
-                engine,
-                || async { true },
-            )
-            .await;
-            let Err(err) = missing else {
-                panic!("a missing log cannot be opened");
-            };
-            assert_eq!(err.kind(), io::ErrorKind::NotFound);
-            assert!(err.to_string().contains("0.log"), "{err}");
+    async fn a_missing_file_is_one_error_naming_it(engine: IoEngine) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0.log");
+        let mut stream = Box::pin(read_logs(path, LogOptions::default(), engine, || async {
+            true
+        }));
+        let err = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("0.log"), "{err}");
+        assert!(stream.next().await.is_none());
+    }
 
-            let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two\n"));
-            let options = LogOptions {
-                tail_lines: Some(1),
-                ..LogOptions::default()
-            };
-            let stream = open_logs(path, options, engine, || async { true })
-                .await
-                .unwrap();
-            let chunks: Vec<_> = stream.collect().await;
-            assert_eq!(chunks.len(), 1);
-            assert_eq!(&chunks[0].as_ref().unwrap()[..], b"two\n");
-        });
+    async fn open_logs_reports_a_missing_file_before_streaming(engine: IoEngine) {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = open_logs(
+            dir.path().join("0.log"),
+            LogOptions::default(),
+            engine,
+            || async { true },
+        )
+        .await;
+        let Err(err) = missing else {
+            panic!("a missing log cannot be opened");
+        };
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("0.log"), "{err}");
+
+        let (_dir, path) = log_file(&format!("{T1} stdout F one\n{T2} stdout F two\n"));
+        let options = LogOptions {
+            tail_lines: Some(1),
+            ..LogOptions::default()
+        };
+        let stream = open_logs(path, options, engine, || async { true })
+            .await
+            .unwrap();
+        let chunks: Vec<_> = stream.collect().await;
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(&chunks[0].as_ref().unwrap()[..], b"two\n");
     }
 
     fn follow_options() -> LogOptions {
@@ -1019,78 +983,85 @@ mod tests {
         })
     }
 
-    #[test]
-    fn follow_reads_appends_across_rotation_until_the_container_stops() {
-        on_both_engines(|engine| async move {
-            tokio::time::pause();
-            let (dir, path) = log_file(&format!("{T1} stdout F one\n"));
-            let (alive, still_running) = alive_flag();
-            let mut stream = Box::pin(read_logs(
-                path.clone(),
-                follow_options(),
-                engine,
-                still_running,
-            ));
-            assert_eq!(next_text(&mut stream).await, "one\n");
+    async fn follow_reads_appends_across_rotation_until_the_container_stops(engine: IoEngine) {
+        let (dir, path) = log_file(&format!("{T1} stdout F one\n"));
+        let (alive, still_running) = alive_flag();
+        let mut stream = Box::pin(read_logs(
+            path.clone(),
+            follow_options(),
+            engine,
+            still_running,
+        ));
+        assert_eq!(next_text(&mut stream).await, "one\n");
 
-            append(&path, &format!("{T1} stdout P tw"));
-            append(&path, &format!("o\n{T2} stdout F !\n"));
-            assert_eq!(next_text(&mut stream).await, "two!\n");
+        append(&path, &format!("{T1} stdout P tw"));
+        append(&path, &format!("o\n{T2} stdout F !\n"));
+        assert_eq!(next_text(&mut stream).await, "two!\n");
 
-            // What the runtime writes just before rotating is still read from the old file.
-            append(&path, &format!("{T2} stdout F before rotation\n"));
-            std::fs::rename(&path, dir.path().join("0.log.20261122-100003")).unwrap();
-            std::fs::write(&path, format!("{T3} stdout F after rotation\n")).unwrap();
-            assert_eq!(next_text(&mut stream).await, "before rotation\n");
-            assert_eq!(next_text(&mut stream).await, "after rotation\n");
+        // What the runtime writes just before rotating is still read from the old file.
+        append(&path, &format!("{T2} stdout F before rotation\n"));
+        std::fs::rename(&path, dir.path().join("0.log.20261122-100003")).unwrap();
+        std::fs::write(&path, format!("{T3} stdout F after rotation\n")).unwrap();
+        assert_eq!(next_text(&mut stream).await, "before rotation\n");
+        assert_eq!(next_text(&mut stream).await, "after rotation\n");
 
-            append(&path, &format!("{T3} stdout F last words\n"));
-            alive.store(false, Ordering::SeqCst);
-            let mut rest = String::new();
-            while let Some(chunk) = stream.next().await {
-                rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-            }
-            assert_eq!(
-                rest, "last words\n",
-                "the stream drains the file, then ends"
-            );
-        });
+        append(&path, &format!("{T3} stdout F last words\n"));
+        alive.store(false, Ordering::SeqCst);
+        let mut rest = String::new();
+        while let Some(chunk) = stream.next().await {
+            rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+        assert_eq!(
+            rest, "last words\n",
+            "the stream drains the file, then ends"
+        );
     }
 
-    #[test]
-    fn follow_ends_when_the_container_stops_even_without_new_output() {
-        on_both_engines(|engine| async move {
-            tokio::time::pause();
-            let (_dir, path) = log_file(&format!("{T1} stdout P unfinished\n"));
-            let (alive, still_running) = alive_flag();
-            let mut stream = Box::pin(read_logs(path, follow_options(), engine, still_running));
-            let waiting = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
-            assert!(waiting.is_err(), "nothing to show while the container runs");
-            alive.store(false, Ordering::SeqCst);
-            assert_eq!(
-                next_text(&mut stream).await,
-                "unfinished",
-                "a pending fragment is shown once the container stops"
-            );
-            assert!(stream.next().await.is_none());
-        });
+    async fn follow_ends_when_the_container_stops_even_without_new_output(engine: IoEngine) {
+        let (_dir, path) = log_file(&format!("{T1} stdout P unfinished\n"));
+        let (alive, still_running) = alive_flag();
+        let mut stream = Box::pin(read_logs(path, follow_options(), engine, still_running));
+        let waiting = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+        assert!(waiting.is_err(), "nothing to show while the container runs");
+        alive.store(false, Ordering::SeqCst);
+        assert_eq!(
+            next_text(&mut stream).await,
+            "unfinished",
+            "a pending fragment is shown once the container stops"
+        );
+        assert!(stream.next().await.is_none());
     }
 
-    #[test]
-    fn follow_stops_at_the_byte_limit() {
-        on_both_engines(|engine| async move {
-            tokio::time::pause();
-            let (_dir, path) = log_file(&format!("{T1} stdout F 12345\n"));
-            let (_alive, still_running) = alive_flag();
-            let options = LogOptions {
-                limit_bytes: Some(9),
-                ..follow_options()
-            };
-            let mut stream = Box::pin(read_logs(path.clone(), options, engine, still_running));
-            assert_eq!(next_text(&mut stream).await, "12345\n");
-            append(&path, &format!("{T1} stdout F abcdef\n"));
-            assert_eq!(next_text(&mut stream).await, "abc");
-            assert!(stream.next().await.is_none());
-        });
+    async fn follow_stops_at_the_byte_limit(engine: IoEngine) {
+        let (_dir, path) = log_file(&format!("{T1} stdout F 12345\n"));
+        let (_alive, still_running) = alive_flag();
+        let options = LogOptions {
+            limit_bytes: Some(9),
+            ..follow_options()
+        };
+        let mut stream = Box::pin(read_logs(path.clone(), options, engine, still_running));
+        assert_eq!(next_text(&mut stream).await, "12345\n");
+        append(&path, &format!("{T1} stdout F abcdef\n"));
+        assert_eq!(next_text(&mut stream).await, "abc");
+        assert!(stream.next().await.is_none());
+    }
+
+    on_both_engines! {
+        Real: [
+            partial_lines_are_joined_and_malformed_lines_skipped,
+            timestamps_prefix_each_joined_line_with_its_first_fragments_time,
+            since_skips_older_lines,
+            limit_bytes_stops_exactly_at_the_limit,
+            an_unterminated_last_line_is_shown_when_not_following,
+            tail_of_a_file_bigger_than_a_read_chunk,
+            a_missing_file_is_one_error_naming_it,
+            open_logs_reports_a_missing_file_before_streaming,
+            tail_reads_backwards_in_chunks_and_never_splits_a_joined_line,
+        ],
+        Paused: [
+            follow_reads_appends_across_rotation_until_the_container_stops,
+            follow_ends_when_the_container_stops_even_without_new_output,
+            follow_stops_at_the_byte_limit,
+        ],
     }
 }

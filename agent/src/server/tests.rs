@@ -1,6 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, mpsc};
 
@@ -18,54 +17,8 @@ use tokio::task::JoinHandle;
 
 use super::fake_host::{FakeHost, Gate};
 use super::*;
+use crate::io::testing::on_both_engines;
 use crate::io::{self, spawn_connection};
-
-/// How a test's clock runs.
-#[derive(Clone, Copy)]
-pub(crate) enum Clock {
-    /// Paused and auto-advancing, as `#[tokio::test(start_paused = true)]`.
-    Paused,
-    Real,
-}
-
-/// Runs one test body inside `io::block_on` of `engine`, where the servers live.
-pub(crate) fn run_on<F: Future<Output = ()>>(
-    engine: IoEngine,
-    clock: Clock,
-    test: impl FnOnce(IoEngine) -> F,
-) {
-    io::block_on(engine, async move {
-        if let Clock::Paused = clock {
-            tokio::time::pause();
-        }
-        test(engine).await;
-    })
-    .unwrap();
-}
-
-/// Declares a `#[test]` per engine (`uring::<name>`, `epoll::<name>`) for every listed
-/// `async fn <name>(engine: IoEngine)`, grouped by the clock they run with.
-macro_rules! on_both_engines {
-    ($($clock:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
-        $crate::server::tests::on_both_engines!(@engine uring Uring $($clock [$($name)*])*);
-        $crate::server::tests::on_both_engines!(@engine epoll Epoll $($clock [$($name)*])*);
-    };
-    (@engine $module:ident $engine:ident $($clock:ident [$($name:ident)*])*) => {
-        mod $module {
-            $($(
-                #[test]
-                fn $name() {
-                    $crate::server::tests::run_on(
-                        $crate::io::IoEngine::$engine,
-                        $crate::server::tests::Clock::$clock,
-                        super::$name,
-                    );
-                }
-            )*)*
-        }
-    };
-}
-pub(crate) use on_both_engines;
 
 struct Running {
     addr: SocketAddr,

@@ -31,12 +31,12 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 
 use super::*;
+use crate::io::testing::on_both_engines;
 use crate::io::{IoEngine, spawn_connection};
 use crate::server::fake_host::FakeHost;
 use crate::server::listener::{self, Handler, Plain, ServeLimits};
 use crate::server::router::{Router, full};
 use crate::server::routes::Endpoints;
-use crate::server::tests::on_both_engines;
 use crate::server::{PeerCertificates, ServerError, bind};
 
 fn router(engine: IoEngine) -> Router {
