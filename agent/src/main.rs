@@ -11,7 +11,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use ringlet::apis::config::{self, AgentConfig, AuthorizationModeSetting, KubeletConfiguration};
-use ringlet::apiserver::ApiServerClient;
+use ringlet::apiserver::bootstrap::{self, BootstrapSettings};
+use ringlet::apiserver::{self, ApiClient};
 use ringlet::cli;
 use ringlet::cm::{PodContainerManager, QosClass};
 use ringlet::container::{Runtime, StreamingRuntime};
@@ -104,6 +105,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
             config.root_dir.display()
         )
     })?;
+    let api_client = connect_api_server(&config).await?;
     let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
@@ -155,7 +157,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     }
 
     let api_serving = if kc.enable_server {
-        Some(api_serving(&config)?)
+        Some(api_serving(&config, api_client.clone())?)
     } else {
         None
     };
@@ -188,6 +190,33 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     }
     drop(ebpf_handle);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The API server client from `--kubeconfig`, after the TLS bootstrap when `--bootstrap-kubeconfig`
+/// is given and the kubeconfig does not exist yet; `None` for a standalone agent.
+async fn connect_api_server(config: &AgentConfig) -> anyhow::Result<Option<ApiClient>> {
+    let Some(kubeconfig) = &config.kubeconfig else {
+        return Ok(None);
+    };
+    if let Some(bootstrap_kubeconfig) = &config.bootstrap_kubeconfig {
+        bootstrap::bootstrap_if_needed(&BootstrapSettings {
+            node_name: config.node_name.clone(),
+            bootstrap_kubeconfig: bootstrap_kubeconfig.clone(),
+            kubeconfig: kubeconfig.clone(),
+            cert_dir: config.cert_dir.clone(),
+        })
+        .await
+        .map_err(|err| anyhow::anyhow!("TLS bootstrap failed: {}", error_chain(&err)))?;
+    }
+    let client = ApiClient::from_kubeconfig(kubeconfig, apiserver::REQUEST_TIMEOUT)
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot use --kubeconfig: {}", error_chain(&err)))?;
+    tracing::info!(
+        server = client.server(),
+        identity = client.identity(),
+        "using the API server"
+    );
+    Ok(Some(client))
 }
 
 /// The pod sources: the manifest path and URL of the configuration.
@@ -249,7 +278,7 @@ fn build_runtime(
 
 /// TLS and authentication for the kubelet API; any problem (a bad certificate, an unreachable
 /// kubeconfig) stops the agent at startup with the reason.
-fn api_serving(config: &AgentConfig) -> anyhow::Result<ApiServing> {
+fn api_serving(config: &AgentConfig, api_client: Option<ApiClient>) -> anyhow::Result<ApiServing> {
     let kc = &config.kubelet;
     let mut addresses: Vec<IpAddr> = vec![ringlet::kubelet::node_ip()];
     if !kc.address.is_unspecified() && !addresses.contains(&kc.address) {
@@ -271,12 +300,6 @@ fn api_serving(config: &AgentConfig) -> anyhow::Result<ApiServing> {
             error_chain(&err)
         )
     })?;
-    let api_server = config
-        .kubeconfig
-        .as_deref()
-        .map(ApiServerClient::from_kubeconfig)
-        .transpose()
-        .map_err(|err| anyhow::anyhow!("cannot use --kubeconfig: {}", error_chain(&err)))?;
     let authentication = &kc.authentication;
     let authorization = match kc.authorization.mode {
         AuthorizationModeSetting::AlwaysAllow => AuthorizationMode::AlwaysAllow,
@@ -294,7 +317,7 @@ fn api_serving(config: &AgentConfig) -> anyhow::Result<ApiServing> {
             authorization,
             node_name: config.node_name.clone(),
         },
-        api_server,
+        api_client,
     )
     .map_err(|err| anyhow::anyhow!("cannot set up kubelet API authentication: {err}"))?;
     if authentication.x509_client_ca_file.is_none()

@@ -13,8 +13,9 @@ use std::time::Duration;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, StatusCode};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::{Api, PostParams};
 use rcgen::{CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use ringlet::apiserver::{ApiServerClient, ApiServerError};
+use ringlet::apiserver::{ApiClient, REQUEST_TIMEOUT};
 use ringlet::server::PeerCertificates;
 use ringlet::server::auth::{
     AuthSettings, AuthorizationMode, DEFAULT_CACHE_AUTHORIZED_TTL, DEFAULT_CACHE_UNAUTHORIZED_TTL,
@@ -45,9 +46,14 @@ fn settings(
     }
 }
 
-fn auth(double: &ApiServerDouble, settings: AuthSettings) -> KubeletAuth {
-    let client = ApiServerClient::from_kubeconfig(double.kubeconfig())
-        .unwrap_or_else(|e| panic!("a client from the double's kubeconfig: {e}"));
+async fn client(kubeconfig: &std::path::Path, timeout: Duration) -> ApiClient {
+    ApiClient::from_kubeconfig(kubeconfig, timeout)
+        .await
+        .unwrap_or_else(|e| panic!("a client from {}: {e}", kubeconfig.display()))
+}
+
+async fn auth(double: &ApiServerDouble, settings: AuthSettings) -> KubeletAuth {
+    let client = client(double.kubeconfig(), REQUEST_TIMEOUT).await;
     KubeletAuth::new(settings, Some(client)).unwrap_or_else(|e| panic!("KubeletAuth::new: {e}"))
 }
 
@@ -146,7 +152,8 @@ async fn client_certificate_subject_is_the_user_and_comes_before_tokens() {
             Some(DEFAULT_WEBHOOK_CACHE_TTL),
             AuthorizationMode::AlwaysAllow,
         ),
-    );
+    )
+    .await;
     let request = with_certificate(
         with_token(request(Method::GET, "/pods"), "unknown-token"),
         "alice",
@@ -183,7 +190,8 @@ async fn anonymous_only_when_enabled_and_never_for_a_bad_token() {
             Some(DEFAULT_WEBHOOK_CACHE_TTL),
             AuthorizationMode::AlwaysAllow,
         ),
-    );
+    )
+    .await;
     let user = anonymous
         .check(&request(Method::GET, "/pods"))
         .await
@@ -216,7 +224,8 @@ async fn anonymous_only_when_enabled_and_never_for_a_bad_token() {
             Some(DEFAULT_WEBHOOK_CACHE_TTL),
             AuthorizationMode::AlwaysAllow,
         ),
-    );
+    )
+    .await;
     let denial = closed
         .check(&request(Method::GET, "/pods"))
         .await
@@ -237,7 +246,8 @@ async fn tokens_are_ignored_without_webhook_authentication() {
     let auth = auth(
         &double,
         settings(false, None, AuthorizationMode::AlwaysAllow),
-    );
+    )
+    .await;
     let denial = auth
         .check(&with_token(request(Method::GET, "/pods"), "good"))
         .await
@@ -268,7 +278,8 @@ async fn token_review_accepts_refuses_and_caches() {
             Some(DEFAULT_WEBHOOK_CACHE_TTL),
             AuthorizationMode::AlwaysAllow,
         ),
-    );
+    )
+    .await;
 
     let user = auth
         .check(&with_token(request(Method::GET, "/metrics"), "good"))
@@ -319,7 +330,8 @@ async fn token_cache_expires_after_its_ttl() {
             Some(Duration::from_secs(1)),
             AuthorizationMode::AlwaysAllow,
         ),
-    );
+    )
+    .await;
     let request = with_token(request(Method::GET, "/pods"), "good");
     auth.check(&request).await.unwrap();
     auth.check(&request).await.unwrap();
@@ -350,7 +362,8 @@ async fn subject_access_review_allows_and_denies_with_the_reason() {
             Some(DEFAULT_WEBHOOK_CACHE_TTL),
             webhook_authorization(DEFAULT_CACHE_AUTHORIZED_TTL, DEFAULT_CACHE_UNAUTHORIZED_TTL),
         ),
-    );
+    )
+    .await;
 
     auth.check(&with_token(request(Method::GET, "/stats/summary"), "good"))
         .await
@@ -392,7 +405,8 @@ async fn fine_grained_subresources_fall_back_to_proxy() {
             None,
             webhook_authorization(DEFAULT_CACHE_AUTHORIZED_TTL, DEFAULT_CACHE_UNAUTHORIZED_TTL),
         ),
-    );
+    )
+    .await;
     let pods = with_certificate(request(Method::GET, "/pods"), "carol", &[]);
 
     double.allow_user("carol", "get", "proxy");
@@ -430,7 +444,8 @@ async fn denials_are_cached_for_the_unauthorized_ttl_then_asked_again() {
             None,
             webhook_authorization(DEFAULT_CACHE_AUTHORIZED_TTL, Duration::from_secs(1)),
         ),
-    );
+    )
+    .await;
     let request = with_certificate(request(Method::GET, "/stats/summary"), "frank", &[]);
 
     assert_eq!(
@@ -464,9 +479,7 @@ async fn api_server_trouble_is_401_or_403_never_500_and_is_not_cached() {
     double.add_token("good", user("bob", &[]));
     double.allow_user("bob", "get", "stats");
     double.allow_user("alice", "get", "stats");
-    let client = ApiServerClient::from_kubeconfig(double.kubeconfig())
-        .unwrap()
-        .with_timeout(Duration::from_secs(2));
+    let client = client(double.kubeconfig(), Duration::from_secs(2)).await;
     let auth = KubeletAuth::new(
         settings(
             false,
@@ -518,23 +531,20 @@ async fn an_api_server_that_never_answers_times_out() {
     let double = ApiServerDouble::start().await;
     double.add_token("good", user("bob", &[]));
     double.set_failure(Failure::Hang);
-    let client = ApiServerClient::from_kubeconfig(double.kubeconfig())
-        .unwrap()
-        .with_timeout(Duration::from_millis(200));
-    let review = TokenReview {
-        spec: TokenReviewSpec {
-            token: Some("good".to_owned()),
-            audiences: None,
-        },
-        ..TokenReview::default()
-    };
-    let error = client
-        .create::<_, TokenReview>("/apis/authentication.k8s.io/v1/tokenreviews", &review)
+    let client = client(double.kubeconfig(), Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let error = Api::<TokenReview>::all(client.client())
+        .create(&PostParams::default(), &token_review("good"))
         .await
         .unwrap_err();
     assert!(
-        matches!(&error, ApiServerError::Timeout { url, timeout } if url.starts_with(&double.url()) && *timeout == Duration::from_millis(200)),
-        "{error:?}"
+        started.elapsed() < Duration::from_secs(10),
+        "the request timeout did not end the request: {error}"
+    );
+    let text = client.describe("create a TokenReview", &error);
+    assert!(
+        text.contains("cannot reach the API server") && text.contains(&double.url()),
+        "{text}"
     );
 
     let auth = KubeletAuth::new(
@@ -553,6 +563,16 @@ async fn an_api_server_that_never_answers_times_out() {
     assert_eq!(denial.status, StatusCode::UNAUTHORIZED);
 }
 
+fn token_review(token: &str) -> TokenReview {
+    TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.to_owned()),
+            audiences: None,
+        },
+        ..TokenReview::default()
+    }
+}
+
 #[tokio::test]
 async fn request_mapping_reaches_the_authorizer() {
     let double = ApiServerDouble::start().await;
@@ -563,7 +583,8 @@ async fn request_mapping_reaches_the_authorizer() {
             None,
             webhook_authorization(DEFAULT_CACHE_AUTHORIZED_TTL, DEFAULT_CACHE_UNAUTHORIZED_TTL),
         ),
-    );
+    )
+    .await;
     let table = [
         (Method::GET, "/stats/summary", "get", "stats"),
         (Method::POST, "/stats/container", "create", "stats"),
@@ -621,14 +642,6 @@ async fn request_mapping_reaches_the_authorizer() {
 async fn api_server_client_from_every_kind_of_kubeconfig() {
     let double = ApiServerDouble::start().await;
     double.add_token("good", user("bob", &[]));
-    let review = TokenReview {
-        spec: TokenReviewSpec {
-            token: Some("good".to_owned()),
-            audiences: None,
-        },
-        ..TokenReview::default()
-    };
-    let path = "/apis/authentication.k8s.io/v1/tokenreviews";
 
     let certificate = double.write_kubeconfig(
         "cert",
@@ -638,9 +651,12 @@ async fn api_server_client_from_every_kind_of_kubeconfig() {
         "file",
         &KubeconfigUser::TokenFile(support::apiserver::AGENT_TOKEN.to_owned()),
     );
-    for kubeconfig in [certificate, token_file] {
-        let client = ApiServerClient::from_kubeconfig(&kubeconfig).unwrap();
-        let answer: TokenReview = client.create(path, &review).await.unwrap();
+    for kubeconfig in [&certificate, &token_file] {
+        let client = client(kubeconfig, REQUEST_TIMEOUT).await;
+        let answer = Api::<TokenReview>::all(client.client())
+            .create(&PostParams::default(), &token_review("good"))
+            .await
+            .unwrap();
         let status = answer.status.unwrap();
         assert_eq!(status.authenticated, Some(true));
         assert_eq!(status.user.unwrap().username.as_deref(), Some("bob"));
@@ -649,20 +665,22 @@ async fn api_server_client_from_every_kind_of_kubeconfig() {
         double.callers(),
         ["cn:system:node:node-a", "token:ringlet-node-token"]
     );
+    assert_eq!(
+        client(&certificate, REQUEST_TIMEOUT).await.identity(),
+        "the client certificate of user \"system:node:node-a\""
+    );
 
     let wrong = double.write_kubeconfig("wrong", &KubeconfigUser::Token("nope".to_owned()));
-    let client = ApiServerClient::from_kubeconfig(&wrong).unwrap();
-    let error = client
-        .create::<_, TokenReview>(path, &review)
+    let client = client(&wrong, REQUEST_TIMEOUT).await;
+    let error = Api::<TokenReview>::all(client.client())
+        .create(&PostParams::default(), &token_review("good"))
         .await
         .unwrap_err();
+    let text = client.describe("create a TokenReview", &error);
     assert!(
-        matches!(&error, ApiServerError::Status { status, message, .. } if *status == StatusCode::UNAUTHORIZED && message == "Unauthorized"),
-        "{error:?}"
-    );
-    let text = error.to_string();
-    assert!(
-        text.contains(&double.url()) && text.contains(path) && text.contains("401"),
+        text.contains(&double.url())
+            && text.contains("401")
+            && text.contains(&format!("the bearer token of {}", wrong.display())),
         "{text}"
     );
 }
@@ -670,55 +688,34 @@ async fn api_server_client_from_every_kind_of_kubeconfig() {
 #[tokio::test]
 async fn api_server_client_reports_the_status_of_a_refused_create() {
     let double = ApiServerDouble::start().await;
-    let client = ApiServerClient::from_kubeconfig(double.kubeconfig()).unwrap();
-    let path = "/apis/authentication.k8s.io/v1/tokenreviews";
+    let client = client(double.kubeconfig(), REQUEST_TIMEOUT).await;
+    let reviews = Api::<TokenReview>::all(client.client());
 
-    let error = client
-        .create::<_, TokenReview>(path, &TokenReview::default())
+    let error = reviews
+        .create(&PostParams::default(), &TokenReview::default())
         .await
         .unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .ends_with("400 Bad Request: token is required for TokenReview in authentication"),
-        "{error}"
-    );
-
-    let wrong_kind = serde_json::json!({"apiVersion": "authentication.k8s.io/v1beta1", "kind": "TokenReview", "spec": {"token": "x"}});
-    let error = client
-        .create::<_, TokenReview>(path, &wrong_kind)
-        .await
-        .unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("does not match the expected API version"),
-        "{error}"
-    );
-
-    let sar = serde_json::json!({"spec": {"resourceAttributes": {"verb": "get"}}});
-    let error = client
-        .create::<_, serde_json::Value>("/apis/authorization.k8s.io/v1/subjectaccessreviews", &sar)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&error, ApiServerError::Status { status, .. } if *status == StatusCode::UNPROCESSABLE_ENTITY),
-        "{error:?}"
+    let text = client.describe("create a TokenReview", &error);
+    assert_eq!(
+        text,
+        "create a TokenReview: the API server answered 400 BadRequest: token is required for TokenReview in authentication",
     );
 
     double.set_failure(Failure::Garbage);
-    let error = client
-        .create::<_, TokenReview>(path, &TokenReview::default())
+    let error = reviews
+        .create(&PostParams::default(), &token_review("x"))
         .await
         .unwrap_err();
-    assert!(matches!(error, ApiServerError::Decode { .. }), "{error:?}");
+    assert!(matches!(error, kube::Error::SerdeError(_)), "{error:?}");
 }
 
 #[tokio::test]
 async fn kubeconfig_errors_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("absent");
-    let error = ApiServerClient::from_kubeconfig(&missing).unwrap_err();
+    let error = ApiClient::from_kubeconfig(&missing, REQUEST_TIMEOUT)
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains("absent"), "{error}");
 
     let path = dir.path().join("kubeconfig");
@@ -727,22 +724,40 @@ async fn kubeconfig_errors_name_the_problem() {
         "current-context: c\ncontexts:\n- name: c\n  context: {cluster: x, user: u}\nclusters:\n- name: x\n  cluster: {server: 'https://127.0.0.1:1', certificate-authority: ca.pem}\nusers:\n- name: u\n  user: {token: t}\n",
     )
     .unwrap();
-    let error = ApiServerClient::from_kubeconfig(&path).unwrap_err();
+    let error = ApiClient::from_kubeconfig(&path, REQUEST_TIMEOUT)
+        .await
+        .unwrap_err();
     let text = ringlet::error_chain::error_chain(&error);
+    assert!(text.contains("ca.pem"), "{text}");
+
+    std::fs::write(
+        &path,
+        "current-context: c\ncontexts:\n- name: c\n  context: {cluster: x, user: u}\nclusters:\n- name: x\n  cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}\nusers:\n- name: u\n  user: {token: t}\n",
+    )
+    .unwrap();
+    let error = ApiClient::from_kubeconfig(&path, REQUEST_TIMEOUT)
+        .await
+        .unwrap_err();
     assert!(
-        text.contains("certificate-authority") && text.contains("ca.pem"),
-        "{text}"
+        error
+            .to_string()
+            .contains("insecure-skip-tls-verify is not allowed"),
+        "{error}"
     );
 
-    std::fs::write(dir.path().join("ca.pem"), "not a certificate").unwrap();
-    let error = ApiServerClient::from_kubeconfig(&path).unwrap_err();
+    std::fs::write(dir.path().join("token"), "t\n").unwrap();
+    std::fs::write(
+        &path,
+        "current-context: c\ncontexts:\n- name: c\n  context: {cluster: x, user: u}\nclusters:\n- name: x\n  cluster: {server: 'https://127.0.0.1:1'}\nusers:\n- name: u\n  user: {tokenFile: token}\n",
+    )
+    .unwrap();
+    let error = ApiClient::from_kubeconfig(&path, REQUEST_TIMEOUT)
+        .await
+        .unwrap_err();
     assert!(
-        matches!(
-            error,
-            ApiServerError::EmptyPem {
-                what: "certificate authority"
-            }
-        ),
-        "{error:?}"
+        error
+            .to_string()
+            .contains("ends with whitespace or a newline"),
+        "{error}"
     );
 }

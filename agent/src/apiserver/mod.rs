@@ -1,37 +1,29 @@
-//! A small HTTPS client for the Kubernetes API server, built from a kubeconfig (the part of client-go's
-//! `rest.Config` + `clientcmd` the kubelet's auth webhooks need): JSON `POST`s of review objects.
+//! The agent's API-server client: a kube-rs [`kube::Client`] built the way the kubelet builds its
+//! clientset (`cmd/kubelet/app/server.go`): from `--kubeconfig` (client certificate, token, token
+//! file or exec plugin, as kube supports them). [`bootstrap`] writes that kubeconfig first when it does not exist yet (TLS bootstrap).
 //!
-//! TLS is rustls with the ring provider; the server certificate must chain to the kubeconfig's
-//! certificate authority (system roots are never used). Every request has a timeout.
+//! `insecure-skip-tls-verify` is refused: the agent sends bearer tokens and `TokenReview` answers
+//! over this connection, so it must know whom it talks to. Every error the API server returns is
+//! described with the identity the agent presented, so a 401 or 403 in the log says who was refused.
 
-mod kubeconfig;
+pub mod bootstrap;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt as _, Full};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
-use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use base64::Engine as _;
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig, KubeconfigError};
 
-use kubeconfig::Credentials;
+use crate::error_chain::error_chain;
 
-/// How long one request may take, connection and TLS handshake included (client-go's webhook
-/// default is 10 s too).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Error bodies are quoted in messages only up to this many bytes.
-const MAX_QUOTED_BODY: usize = 512;
+/// How long a request may wait for its response (client-go's kubelet clients have no overall
+/// timeout, but a stuck API server must never hold a status update forever). Watches end on the
+/// server's side well within it (kube's watcher asks for 290 s and reads bookmarks and events in
+/// between), so a silent connection this long is a dead one.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connecting (TCP and TLS) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiServerError {
@@ -39,342 +31,305 @@ pub enum ApiServerError {
     ReadKubeconfig {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: KubeconfigError,
     },
-    #[error("parsing kubeconfig {path}")]
-    ParseKubeconfig {
+    #[error("kubeconfig {path}")]
+    InvalidKubeconfig {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: KubeconfigError,
     },
-    #[error("kubeconfig {path}: {reason}")]
-    InvalidKubeconfig { path: PathBuf, reason: String },
-    #[error("kubeconfig {path}: decoding {field}-data as base64")]
-    Base64 {
-        path: PathBuf,
-        field: &'static str,
+    #[error(
+        "kubeconfig {path}: the token file {token_file} ends with whitespace or a newline, which \
+         cannot be sent in an HTTP header; write the token without it"
+    )]
+    TokenFileWhitespace { path: PathBuf, token_file: String },
+    #[error(
+        "kubeconfig {path}: insecure-skip-tls-verify is not allowed (the agent must verify the API \
+         server it sends tokens to); set certificate-authority instead"
+    )]
+    InsecureSkipVerify { path: PathBuf },
+    #[error("building the API client for {server}")]
+    Client {
+        server: String,
         #[source]
-        source: base64::DecodeError,
-    },
-    #[error("reading {field} file {path} named by the kubeconfig")]
-    ReadReferencedFile {
-        field: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("parsing the PEM {what} from the kubeconfig")]
-    Pem {
-        what: &'static str,
-        #[source]
-        source: rustls_pki_types::pem::Error,
-    },
-    #[error("the kubeconfig's {what} contains no PEM block of the expected kind")]
-    EmptyPem { what: &'static str },
-    #[error("adding the kubeconfig's certificate authority to the trust store")]
-    TrustStore {
-        #[source]
-        source: rustls::Error,
-    },
-    #[error("building the TLS client configuration")]
-    Tls {
-        #[source]
-        source: rustls::Error,
-    },
-    #[error("reading the bearer token file {path}")]
-    ReadToken {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the bearer token is not a valid HTTP header value")]
-    InvalidToken,
-    #[error("encoding the request body for POST {url}")]
-    Encode {
-        url: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("building the request POST {url}")]
-    BuildRequest {
-        url: String,
-        #[source]
-        source: http::Error,
-    },
-    #[error("POST {url} failed")]
-    Send {
-        url: String,
-        #[source]
-        source: hyper_util::client::legacy::Error,
-    },
-    #[error("POST {url} got no answer within {timeout:?}")]
-    Timeout { url: String, timeout: Duration },
-    #[error("reading the response body of POST {url}")]
-    ReadBody {
-        url: String,
-        #[source]
-        source: hyper::Error,
-    },
-    #[error("POST {url} answered {status}: {message}")]
-    Status {
-        url: String,
-        status: StatusCode,
-        message: String,
-    },
-    #[error("decoding the response body of POST {url} ({status})")]
-    Decode {
-        url: String,
-        status: StatusCode,
-        #[source]
-        source: serde_json::Error,
+        source: kube::Error,
     },
 }
 
-/// A cloneable client for one API server (the kubeconfig's current context).
+/// A cloneable client for one API server, with the identity it presents (for error messages).
 #[derive(Clone)]
-pub struct ApiServerClient {
-    inner: Arc<Inner>,
+pub struct ApiClient {
+    client: kube::Client,
+    identity: Arc<str>,
+    server: Arc<str>,
 }
 
-#[derive(Clone)]
-struct Inner {
-    server: String,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    token: TokenSource,
-    timeout: Duration,
-}
-
-#[derive(Clone)]
-enum TokenSource {
-    None,
-    Fixed(HeaderValue),
-    File(PathBuf),
-}
-
-impl std::fmt::Debug for ApiServerClient {
+impl std::fmt::Debug for ApiClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the token.
-        f.debug_struct("ApiServerClient")
-            .field("server", &self.inner.server)
-            .field("timeout", &self.inner.timeout)
+        f.debug_struct("ApiClient")
+            .field("server", &self.server)
+            .field("identity", &self.identity)
             .finish_non_exhaustive()
     }
 }
 
-impl ApiServerClient {
-    /// Builds a client from the kubeconfig at `path` (its `current-context`).
-    pub fn from_kubeconfig(path: &Path) -> Result<Self, ApiServerError> {
-        let resolved = kubeconfig::load(path)?;
-
-        let mut roots = RootCertStore::empty();
-        let cas = parse_certificates(&resolved.certificate_authority, "certificate authority")?;
-        for ca in cas {
-            roots
-                .add(ca)
-                .map_err(|source| ApiServerError::TrustStore { source })?;
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|source| ApiServerError::Tls { source })?
-        .with_root_certificates(roots);
-
-        let (tls, token) = match resolved.credentials {
-            Credentials::ClientCertificate { chain, key } => {
-                let chain = parse_certificates(&chain, "client certificate")?;
-                let key =
-                    PrivateKeyDer::from_pem_slice(&key).map_err(|source| ApiServerError::Pem {
-                        what: "client key",
-                        source,
-                    })?;
-                let tls = builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|source| ApiServerError::Tls { source })?;
-                (tls, TokenSource::None)
-            }
-            Credentials::Token(token) => (
-                builder.with_no_client_auth(),
-                bearer(&token).map(TokenSource::Fixed)?,
-            ),
-            Credentials::TokenFile(path) => {
-                (builder.with_no_client_auth(), TokenSource::File(path))
-            }
-            Credentials::None => (builder.with_no_client_auth(), TokenSource::None),
-        };
-
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .build();
-        let client = Client::builder(TokioExecutor::new()).build(connector);
-        Ok(Self {
-            inner: Arc::new(Inner {
-                server: resolved.server,
-                client,
-                token,
-                timeout: DEFAULT_TIMEOUT,
-            }),
-        })
-    }
-
-    /// The same client with another per-request timeout.
-    #[must_use]
-    pub fn with_timeout(self, timeout: Duration) -> Self {
-        let mut inner = Arc::unwrap_or_clone(self.inner);
-        inner.timeout = timeout;
-        Self {
-            inner: Arc::new(inner),
-        }
-    }
-
-    /// The API server's base URL (no trailing slash).
-    pub fn server(&self) -> &str {
-        &self.inner.server
-    }
-
-    /// `POST`s `body` as JSON to `api_path` (e.g. `/apis/authentication.k8s.io/v1/tokenreviews`) and
-    /// decodes the 2xx answer. Non-2xx answers become [`ApiServerError::Status`] with the message of
-    /// the `Status` object the API server sends.
-    pub async fn create<T: Serialize, R: DeserializeOwned>(
-        &self,
-        api_path: &str,
-        body: &T,
-    ) -> Result<R, ApiServerError> {
-        let url = format!("{}{api_path}", self.inner.server);
-        let timeout = self.inner.timeout;
-        match tokio::time::timeout(timeout, self.post(&url, body)).await {
-            Ok(result) => result,
-            Err(_elapsed) => Err(ApiServerError::Timeout { url, timeout }),
-        }
-    }
-
-    async fn post<T: Serialize, R: DeserializeOwned>(
-        &self,
-        url: &str,
-        body: &T,
-    ) -> Result<R, ApiServerError> {
-        let json = serde_json::to_vec(body).map_err(|source| ApiServerError::Encode {
-            url: url.to_owned(),
-            source,
-        })?;
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(url)
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "application/json");
-        if let Some(token) = self.token().await? {
-            request = request.header(AUTHORIZATION, token);
-        }
-        let request = request
-            .body(Full::new(Bytes::from(json)))
-            .map_err(|source| ApiServerError::BuildRequest {
-                url: url.to_owned(),
+impl ApiClient {
+    /// A client from the kubeconfig at `path` (its current context) whose requests wait at most
+    /// `request_timeout` for an answer (normally [`REQUEST_TIMEOUT`]). Must run inside the agent's
+    /// tokio runtime: the client starts its connection-pool task there.
+    pub async fn from_kubeconfig(
+        path: &Path,
+        request_timeout: Duration,
+    ) -> Result<Self, ApiServerError> {
+        let kubeconfig =
+            Kubeconfig::read_from(path).map_err(|source| ApiServerError::ReadKubeconfig {
+                path: path.to_owned(),
                 source,
             })?;
-        let response =
-            self.inner
-                .client
-                .request(request)
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
-                .map_err(|source| ApiServerError::Send {
-                    url: url.to_owned(),
+                .map_err(|source| ApiServerError::InvalidKubeconfig {
+                    path: path.to_owned(),
                     source,
                 })?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|source| ApiServerError::ReadBody {
-                url: url.to_owned(),
-                source,
-            })?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(ApiServerError::Status {
-                url: url.to_owned(),
-                status,
-                message: status_message(&bytes),
+        if config.accept_invalid_certs {
+            return Err(ApiServerError::InsecureSkipVerify {
+                path: path.to_owned(),
             });
         }
-        serde_json::from_slice(&bytes).map_err(|source| ApiServerError::Decode {
-            url: url.to_owned(),
-            status,
+        // client-go trims a token file; kube sends it as read, so refuse what it would send wrong.
+        if let Some(token_file) = &config.auth_info.token_file
+            && std::fs::read_to_string(token_file).is_ok_and(|token| token.trim() != token)
+        {
+            return Err(ApiServerError::TokenFileWhitespace {
+                path: path.to_owned(),
+                token_file: token_file.clone(),
+            });
+        }
+        let identity = describe_identity(&config.auth_info, Some(path));
+        config.connect_timeout = Some(CONNECT_TIMEOUT.min(request_timeout));
+        config.read_timeout = Some(request_timeout);
+        config.reset_reader_on_write = true;
+        // kube retries a 429/503/504 up to 15 times with backoff up to 1000 s, which would hold a
+        // token review or a status update for minutes; every caller here has its own retry period.
+        config.default_retry = false;
+        let server = config.cluster_url.to_string();
+        let client = kube::Client::try_from(config).map_err(|source| ApiServerError::Client {
+            server: server.clone(),
             source,
+        })?;
+        Ok(Self {
+            client,
+            identity: identity.into(),
+            server: server.trim_end_matches('/').into(),
         })
     }
 
-    async fn token(&self) -> Result<Option<HeaderValue>, ApiServerError> {
-        match &self.inner.token {
-            TokenSource::None => Ok(None),
-            TokenSource::Fixed(value) => Ok(Some(value.clone())),
-            TokenSource::File(path) => {
-                let token = tokio::fs::read_to_string(path).await.map_err(|source| {
-                    ApiServerError::ReadToken {
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
-                bearer(token.trim()).map(Some)
-            }
+    /// The kube client (cheap to clone).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The API server's base URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Who the agent is to the API server, as far as the credentials tell: the client certificate's
+    /// subject, or where the token comes from.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// One line for a failed request: what was asked (`action`, e.g. `patch node/n1 status`), and
+    /// why it failed, naming the identity on a 401 or 403.
+    pub fn describe(&self, action: &str, err: &kube::Error) -> String {
+        describe_failure(action, &self.identity, &self.server, err)
+    }
+}
+
+fn describe_failure(action: &str, identity: &str, server: &str, err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if status.code == 401 => format!(
+            "{action}: the API server {server} did not accept the credentials of {identity} \
+             (401 Unauthorized)"
+        ),
+        kube::Error::Api(status) if status.code == 403 => {
+            format!("{action}: forbidden for {identity}: {}", status.message)
         }
+        kube::Error::Api(status) => format!(
+            "{action}: the API server answered {} {}: {}",
+            status.code, status.reason, status.message
+        ),
+        other => format!(
+            "{action}: cannot reach the API server {server}: {}",
+            error_chain(other)
+        ),
     }
 }
 
-fn bearer(token: &str) -> Result<HeaderValue, ApiServerError> {
-    let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| ApiServerError::InvalidToken)?;
-    value.set_sensitive(true);
-    Ok(value)
+/// Whether the request failed because the API server said the object does not exist.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
 }
 
-fn parse_certificates(
-    pem: &[u8],
-    what: &'static str,
-) -> Result<Vec<CertificateDer<'static>>, ApiServerError> {
-    let certificates = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| ApiServerError::Pem { what, source })?;
-    if certificates.is_empty() {
-        return Err(ApiServerError::EmptyPem { what });
-    }
-    Ok(certificates)
+/// Whether the request failed because the object already exists.
+pub fn is_already_exists(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists")
 }
 
-/// The `message` of a `Status` body, or the start of whatever else the server sent.
-fn status_message(body: &[u8]) -> String {
-    if let Ok(Status {
-        message: Some(message),
-        ..
-    }) = serde_json::from_slice::<Status>(body)
-    {
-        return message;
+/// Whether the request failed on a precondition or a stale resourceVersion (409 Conflict).
+pub fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409 && status.reason != "AlreadyExists")
+}
+
+/// The identity a kubeconfig user presents: the client certificate's subject when there is one,
+/// else where its token comes from.
+fn describe_identity(user: &AuthInfo, kubeconfig: Option<&Path>) -> String {
+    let origin = kubeconfig.map_or_else(String::new, |p| format!(" of {}", p.display()));
+    if let Some(subject) = certificate_subject(user) {
+        return subject;
     }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    if text.is_empty() {
-        return "(empty body)".to_owned();
+    if user.token.is_some() {
+        return format!("the bearer token{origin}");
     }
-    let mut end = text.len().min(MAX_QUOTED_BODY);
-    while !text.is_char_boundary(end) {
-        end -= 1;
+    if let Some(file) = &user.token_file {
+        return format!("the bearer token in {file}");
     }
-    text[..end].to_owned()
+    if let Some(exec) = &user.exec {
+        return format!(
+            "the credentials of exec plugin {}",
+            exec.command.as_deref().unwrap_or("(no command)")
+        );
+    }
+    format!("the anonymous user (no credentials{origin})")
+}
+
+/// `CN=<user>, O=<group>...` of the user's client certificate, as the API server reads it.
+fn certificate_subject(user: &AuthInfo) -> Option<String> {
+    let pem = match (&user.client_certificate_data, &user.client_certificate) {
+        (Some(data), _) => base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .ok()?,
+        (None, Some(path)) => std::fs::read(path).ok()?,
+        (None, None) => return None,
+    };
+    let (_, block) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
+    let certificate = block.parse_x509().ok()?;
+    let subject = certificate.subject();
+    let names: Vec<String> = subject
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok())
+        .map(|cn| format!("user {cn:?}"))
+        .chain(
+            subject
+                .iter_organization()
+                .filter_map(|o| o.as_str().ok())
+                .map(|o| format!("group {o:?}")),
+        )
+        .collect();
+    (!names.is_empty()).then(|| format!("the client certificate of {}", names.join(", ")))
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
+    fn api_error(code: u16, reason: &str, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            ..kube::core::Status::default()
+        }))
+    }
+
     #[test]
-    fn status_message_prefers_the_status_object() {
-        let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"tokenreviews is forbidden","code":403}"#;
-        assert_eq!(status_message(body), "tokenreviews is forbidden");
-        assert_eq!(status_message(b"  upstream down\n"), "upstream down");
-        assert_eq!(status_message(b""), "(empty body)");
-        let long = "é".repeat(MAX_QUOTED_BODY);
-        assert!(status_message(long.as_bytes()).len() <= MAX_QUOTED_BODY);
+    fn refusals_name_the_identity_and_the_action() {
+        let unauthorized = describe_failure(
+            "get node/n1",
+            "the client certificate of user \"system:node:n1\"",
+            "https://127.0.0.1:6443",
+            &api_error(401, "Unauthorized", "Unauthorized"),
+        );
+        assert_eq!(
+            unauthorized,
+            "get node/n1: the API server https://127.0.0.1:6443 did not accept the credentials of \
+             the client certificate of user \"system:node:n1\" (401 Unauthorized)"
+        );
+        let forbidden = describe_failure(
+            "patch pod/default/web status",
+            "the bearer token",
+            "https://x",
+            &api_error(
+                403,
+                "Forbidden",
+                "pods \"web\" is forbidden: User \"a\" cannot patch",
+            ),
+        );
+        assert!(
+            forbidden.starts_with(
+                "patch pod/default/web status: forbidden for the bearer token: pods \"web\""
+            ),
+            "{forbidden}"
+        );
+        let invalid = describe_failure(
+            "create pod",
+            "x",
+            "https://x",
+            &api_error(422, "Invalid", "spec.x: bad"),
+        );
+        assert_eq!(
+            invalid,
+            "create pod: the API server answered 422 Invalid: spec.x: bad"
+        );
+    }
+
+    #[test]
+    fn error_kinds_are_told_apart() {
+        assert!(is_not_found(&api_error(404, "NotFound", "")));
+        assert!(is_already_exists(&api_error(409, "AlreadyExists", "")));
+        assert!(!is_conflict(&api_error(409, "AlreadyExists", "")));
+        assert!(is_conflict(&api_error(409, "Conflict", "")));
+        assert!(!is_not_found(&api_error(403, "Forbidden", "")));
+    }
+
+    #[test]
+    fn identity_comes_from_the_certificate_subject() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:n1");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        let certificate = params.self_signed(&key).unwrap();
+        let user = AuthInfo {
+            client_certificate_data: Some(
+                base64::engine::general_purpose::STANDARD.encode(certificate.pem()),
+            ),
+            ..AuthInfo::default()
+        };
+        assert_eq!(
+            describe_identity(&user, None),
+            "the client certificate of user \"system:node:n1\", group \"system:nodes\""
+        );
+        let token_file = AuthInfo {
+            token_file: Some("/var/run/token".to_owned()),
+            ..AuthInfo::default()
+        };
+        assert_eq!(
+            describe_identity(&token_file, None),
+            "the bearer token in /var/run/token"
+        );
+        assert_eq!(
+            describe_identity(&AuthInfo::default(), Some(Path::new("/k"))),
+            "the anonymous user (no credentials of /k)"
+        );
     }
 }

@@ -221,7 +221,7 @@ impl ApiServerDouble {
         let user_yaml = match user {
             KubeconfigUser::Token(token) => format!("token: {token:?}"),
             KubeconfigUser::TokenFile(token) => {
-                std::fs::write(dir.join(format!("{name}.token")), format!("{token}\n"))
+                std::fs::write(dir.join(format!("{name}.token")), token)
                     .or_panic("writing the token file");
                 format!("tokenFile: {name}.token")
             }

@@ -13,7 +13,15 @@ use super::{CgroupDriver, KubeletConfiguration};
 impl KubeletConfiguration {
     /// The `/configz` body: `{"kubeletconfig": {...}}`.
     pub fn configz(&self) -> Value {
-        json!({ "kubeletconfig": self.to_v1beta1() })
+        let mut config = self.to_v1beta1();
+        if let Value::Object(fields) = &mut config {
+            fields.extend(
+                self.node
+                    .configz()
+                    .map(|(name, value)| (name.to_owned(), value)),
+            );
+        }
+        json!({ "kubeletconfig": config })
     }
 
     fn to_v1beta1(&self) -> Value {
@@ -76,7 +84,7 @@ impl KubeletConfiguration {
 
 /// A duration as Go's `time.Duration.String()` writes whole-second values: `1h2m3s`, `20s`, `0s`;
 /// sub-second parts as milliseconds (`1.5s`).
-fn go_duration(duration: Duration) -> String {
+pub(super) fn go_duration(duration: Duration) -> String {
     let total = duration.as_secs();
     let (hours, minutes, seconds) = (total / 3600, total / 60 % 60, total % 60);
     let millis = duration.subsec_millis();

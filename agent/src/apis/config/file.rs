@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_yaml::Value;
 
 use super::duration::parse_duration;
+use super::node::RawNodeSettings;
 
 pub(super) const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 pub(super) const KIND: &str = "KubeletConfiguration";
@@ -20,15 +21,10 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "registryBurst",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
-    "eventRecordQPS",
-    "eventBurst",
     "enableContentionProfiling",
     "oomScoreAdj",
     "clusterDomain",
     "clusterDNS",
-    "nodeStatusUpdateFrequency",
-    "nodeStatusReportFrequency",
-    "nodeLeaseDurationSeconds",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
     "imageGCHighThresholdPercent",
@@ -52,14 +48,10 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "resolvConf",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
-    "nodeStatusMaxImages",
     "maxOpenFiles",
     "contentType",
-    "kubeAPIQPS",
-    "kubeAPIBurst",
     "serializeImagePulls",
     "maxParallelImagePulls",
-    "evictionHard",
     "evictionSoft",
     "evictionSoftGracePeriod",
     "evictionPressureTransitionPeriod",
@@ -79,8 +71,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "containerLogMaxWorkers",
     "containerLogMonitorInterval",
     "configMapAndSecretChangeDetectionStrategy",
-    "systemReserved",
-    "kubeReserved",
     "reservedSystemCPUs",
     "showHiddenMetricsForVersion",
     "systemReservedCgroup",
@@ -103,8 +93,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "seccompDefault",
     "memoryThrottlingFactor",
     "memoryReservationPolicy",
-    "registerWithTaints",
-    "registerNode",
     "tracing",
     "localStorageCapacityIsolation",
     "imageServiceEndpoint",
@@ -163,6 +151,7 @@ pub(super) struct RawConfig {
     pub authorization_cache_unauthorized_ttl: Option<Duration>,
     pub streaming_connection_idle_timeout: Option<Duration>,
     pub io_engine: Option<String>,
+    pub node: RawNodeSettings,
 }
 
 /// What reading a document produced: the values, the recognised fields ringlet ignores, and every
@@ -176,6 +165,7 @@ pub(super) struct FileContents {
 
 /// Reads a parsed YAML document. Zero values of fields the kubelet defaults when zero (durations,
 /// `port`, `maxPods`) count as unset, as with `omitempty` fields in the kubelet's decoding.
+#[allow(clippy::too_many_lines, reason = "one flat arm per field")]
 pub(super) fn read_document(document: &Value) -> FileContents {
     let mut out = FileContents::default();
     let Value::Mapping(_) = document else {
@@ -261,6 +251,7 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             "plegMode" => raw.pleg_mode = reader.string(),
             "plegRelistPeriod" => raw.pleg_relist_period = reader.duration(),
             "ioEngine" => raw.io_engine = reader.string(),
+            other if raw.node.read(other, &mut reader) => {}
             other if NOT_IMPLEMENTED.contains(&other) => out.not_implemented.push(other.to_owned()),
             other => unknown.push(other.to_owned()),
         }
@@ -323,15 +314,19 @@ fn flatten_sections<'a>(
     fields
 }
 
-struct FieldReader<'a> {
+pub(super) struct FieldReader<'a> {
     key: &'a str,
     value: &'a Value,
     problems: &'a mut Vec<String>,
 }
 
-impl FieldReader<'_> {
-    fn problem(&mut self, message: impl std::fmt::Display) {
+impl<'a> FieldReader<'a> {
+    pub(super) fn problem(&mut self, message: impl std::fmt::Display) {
         self.problems.push(format!("{}: {message}", self.key));
+    }
+
+    pub(super) fn value(&self) -> &'a Value {
+        self.value
     }
 
     fn wrong_type(&mut self, expected: &str) {
@@ -340,7 +335,7 @@ impl FieldReader<'_> {
     }
 
     /// `null` means "not set", as it does for the kubelet's JSON decoding.
-    fn string(&mut self) -> Option<String> {
+    pub(super) fn string(&mut self) -> Option<String> {
         match self.value {
             Value::Null => None,
             Value::String(s) => Some(s.clone()),
@@ -351,7 +346,7 @@ impl FieldReader<'_> {
         }
     }
 
-    fn int(&mut self) -> Option<i64> {
+    pub(super) fn int(&mut self) -> Option<i64> {
         match self.value {
             Value::Null => None,
             Value::Number(n) => {
@@ -368,7 +363,7 @@ impl FieldReader<'_> {
         }
     }
 
-    fn bool(&mut self) -> Option<bool> {
+    pub(super) fn bool(&mut self) -> Option<bool> {
         match self.value {
             Value::Null => None,
             Value::Bool(b) => Some(*b),
@@ -381,7 +376,7 @@ impl FieldReader<'_> {
 
     /// Durations are strings in a `KubeletConfiguration` (`metav1.Duration`); a zero duration means
     /// "use the default".
-    fn duration(&mut self) -> Option<Duration> {
+    pub(super) fn duration(&mut self) -> Option<Duration> {
         match self.value {
             Value::Null => None,
             Value::String(s) => match parse_duration(s) {
@@ -419,6 +414,32 @@ impl FieldReader<'_> {
                 None
             }
         }
+    }
+
+    /// A map of strings to strings (`systemReserved`, `evictionHard`).
+    pub(super) fn string_map(&mut self) -> Option<BTreeMap<String, String>> {
+        let mapping = match self.value {
+            Value::Null => return None,
+            Value::Mapping(m) => m,
+            _ => {
+                self.wrong_type("a map of strings");
+                return None;
+            }
+        };
+        let mut map = BTreeMap::new();
+        for (key, value) in mapping {
+            match (key.as_str(), value.as_str()) {
+                (Some(key), Some(value)) => {
+                    map.insert(key.to_owned(), value.to_owned());
+                }
+                _ => self.problem(format!(
+                    "entries must map strings to strings, found {} -> {}",
+                    describe(key),
+                    describe(value)
+                )),
+            }
+        }
+        Some(map)
     }
 
     fn header_map(&mut self) -> Option<BTreeMap<String, Vec<String>>> {

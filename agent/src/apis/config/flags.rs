@@ -191,9 +191,38 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub streaming_connection_idle_timeout: Option<Duration>,
 
-    /// kubeconfig naming the API server used for token and access reviews.
+    /// kubeconfig of the API server: the node registers there, runs the pods bound to it, reports
+    /// their status and asks it to review tokens and access.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+
+    /// kubeconfig used to request a client certificate when --kubeconfig does not exist yet (TLS
+    /// bootstrap); the issued certificate goes to --cert-dir and --kubeconfig is written.
+    #[arg(long, value_name = "FILE")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+
+    /// Register the node with the API server, e.g. --register-node=false (config: registerNode).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub register_node: Option<bool>,
+
+    /// Taints to register the node with: `key=value:Effect` or `key:Effect`, comma-separated
+    /// (config: registerWithTaints).
+    #[arg(long, value_name = "TAINTS")]
+    pub register_with_taints: Option<String>,
+
+    /// Labels to register the node with: `key=value`, comma-separated.
+    #[arg(long, value_name = "LABELS")]
+    pub node_labels: Option<String>,
+
+    /// The node's IP address(es), comma-separated (at most one per family); default: the address of
+    /// the interface of the default route.
+    #[arg(long, value_name = "IP[,IP]")]
+    pub node_ip: Option<String>,
+
+    /// How often the node status is computed and posted when it changed, e.g. 10s (config:
+    /// nodeStatusUpdateFrequency).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub node_status_update_frequency: Option<Duration>,
 
     /// ringlet extension: the I/O engine: uring (`io_uring`), epoll, or auto (`io_uring` when the kernel
     /// allows it) (config: ioEngine).
@@ -217,6 +246,7 @@ pub struct Flags {
 impl Flags {
     /// Lays the flags that were given over `raw` (the file's values). Problems with
     /// `--manifest-url-header` are appended to `problems`.
+    #[allow(clippy::too_many_lines, reason = "one flat line per flag")]
     pub(super) fn overlay(&self, raw: &mut RawConfig, problems: &mut Vec<String>) {
         fn set<T: Clone>(target: &mut Option<T>, flag: Option<&T>) {
             if let Some(value) = flag {
@@ -299,6 +329,19 @@ impl Flags {
         set(
             &mut raw.streaming_connection_idle_timeout,
             self.streaming_connection_idle_timeout.as_ref(),
+        );
+        set(&mut raw.node.register_node, self.register_node.as_ref());
+        if let Some(text) = &self.register_with_taints {
+            match super::node::parse_taint_flag(text) {
+                Ok(taints) => raw.node.register_with_taints = Some(taints),
+                Err(problem) => problems.push(format!(
+                    "registerWithTaints (--register-with-taints): {problem}"
+                )),
+            }
+        }
+        set(
+            &mut raw.node.node_status_update_frequency,
+            self.node_status_update_frequency.as_ref(),
         );
         set(&mut raw.pleg_mode, self.pleg_mode.as_ref());
         set(&mut raw.io_engine, self.io_engine.as_ref());

@@ -10,6 +10,7 @@ mod configz;
 mod duration;
 mod file;
 mod flags;
+mod node;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -24,6 +25,7 @@ use crate::io::IoEngineSetting;
 
 pub use duration::{DurationError, parse_duration};
 pub use flags::Flags;
+pub use node::{DEFAULT_EVICTION_HARD, NodeSettings, TaintSetting};
 
 use file::RawConfig;
 
@@ -206,6 +208,8 @@ pub struct KubeletConfiguration {
     /// `plegRelistPeriod` (ringlet extension): the PLEG's full-relist period; `None` for the mode's
     /// default (1s in relist mode, 60s as the safety relist in ebpf mode).
     pub pleg_relist_period: Option<Duration>,
+    /// Registration, node status, lease, reservations and API rate limits.
+    pub node: NodeSettings,
 }
 
 impl Default for KubeletConfiguration {
@@ -253,6 +257,7 @@ impl Default for KubeletConfiguration {
             pleg_mode: PlegModeSetting::Auto,
             io_engine: IoEngineSetting::Epoll,
             pleg_relist_period: None,
+            node: NodeSettings::default(),
         }
     }
 }
@@ -309,8 +314,15 @@ pub struct AgentConfig {
     /// `--kubeconfig`: how to reach the API server (for the authentication and authorisation
     /// webhooks); `None` for a standalone agent.
     pub kubeconfig: Option<PathBuf>,
-    /// `--cert-dir` (default `<root-dir>/pki`): where a generated serving certificate goes.
+    /// `--cert-dir` (default `<root-dir>/pki`): where a generated serving certificate and the
+    /// bootstrapped client certificate go.
     pub cert_dir: PathBuf,
+    /// `--bootstrap-kubeconfig`: requests a client certificate when `kubeconfig` does not exist.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `--node-labels`: extra labels the Node is registered with.
+    pub node_labels: BTreeMap<String, String>,
+    /// `--node-ip`: the node's addresses; empty to detect them.
+    pub node_ips: Vec<IpAddr>,
 }
 
 /// Why the configuration could not be loaded.
@@ -419,6 +431,10 @@ fn resolve(
     }
     for (flag, path) in [
         ("--kubeconfig", flags.kubeconfig.as_ref()),
+        (
+            "--bootstrap-kubeconfig",
+            flags.bootstrap_kubeconfig.as_ref(),
+        ),
         ("--cert-dir", flags.cert_dir.as_ref()),
     ] {
         if let Some(path) = path
@@ -430,6 +446,12 @@ fn resolve(
             ));
         }
     }
+    if flags.bootstrap_kubeconfig.is_some() && flags.kubeconfig.is_none() {
+        problems.push(
+            "--bootstrap-kubeconfig: needs --kubeconfig, the file the bootstrap writes".to_owned(),
+        );
+    }
+    let (node_labels, node_ips) = node_flags(flags, &mut problems);
     let ring = flags.ebpf_ring_buffer_bytes;
     if !ring.is_power_of_two() || ring < 4096 {
         problems.push(format!(
@@ -470,6 +492,9 @@ fn resolve(
             .cert_dir
             .clone()
             .unwrap_or_else(|| flags.root_dir.join("pki")),
+        bootstrap_kubeconfig: flags.bootstrap_kubeconfig.clone(),
+        node_labels,
+        node_ips,
     };
     Ok((config, warnings))
 }
@@ -780,6 +805,7 @@ fn build(
         pleg_mode,
         io_engine,
         pleg_relist_period: raw.pleg_relist_period.filter(|p| !p.is_zero()),
+        node: node::build(raw.node, problems),
     }
 }
 
@@ -885,6 +911,94 @@ fn validate_cgroup_root(root: &str, driver: CgroupDriver) -> Result<(), &'static
         }
     }
     Ok(())
+}
+
+/// `--node-labels` and `--node-ip`, parsed; problems are appended.
+fn node_flags(
+    flags: &Flags,
+    problems: &mut Vec<String>,
+) -> (BTreeMap<String, String>, Vec<IpAddr>) {
+    let labels = parse_node_labels(flags.node_labels.as_deref().unwrap_or_default())
+        .unwrap_or_else(|problem| {
+            problems.push(format!("--node-labels: {problem}"));
+            BTreeMap::new()
+        });
+    let ips =
+        parse_node_ips(flags.node_ip.as_deref().unwrap_or_default()).unwrap_or_else(|problem| {
+            problems.push(format!("--node-ip: {problem}"));
+            Vec::new()
+        });
+    (labels, ips)
+}
+
+/// `--node-labels`: comma-separated `key=value` pairs with Kubernetes label syntax.
+fn parse_node_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut labels = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} must be key=value"))?;
+        validate_label_key(key).map_err(|reason| format!("label key {key:?}: {reason}"))?;
+        validate_label_value(value)
+            .map_err(|reason| format!("label value {value:?} of {key:?}: {reason}"))?;
+        labels.insert(key.to_owned(), value.to_owned());
+    }
+    Ok(labels)
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
+fn validate_label_key(key: &str) -> Result<(), &'static str> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        validate_node_name(prefix).map_err(|_| "the prefix must be a DNS subdomain")?;
+    }
+    if name.is_empty() {
+        return Err("the name part must not be empty");
+    }
+    validate_label_value(name)
+}
+
+/// A label value: at most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+fn validate_label_value(value: &str) -> Result<(), &'static str> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    let alphanumeric = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if value.len() > 63
+        || !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || !alphanumeric(value.chars().next())
+        || !alphanumeric(value.chars().last())
+    {
+        return Err(
+            "must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        );
+    }
+    Ok(())
+}
+
+/// `--node-ip`: one address, or one of each family.
+fn parse_node_ips(text: &str) -> Result<Vec<IpAddr>, String> {
+    let ips = text
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            part.parse::<IpAddr>()
+                .map_err(|_| format!("{part:?} is not an IP address"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    match ips.as_slice() {
+        [a, b] if a.is_ipv4() == b.is_ipv4() => {
+            Err("two addresses must be one IPv4 and one IPv6 address".to_owned())
+        }
+        [_, _, _, ..] => Err("at most two addresses (one per family)".to_owned()),
+        _ => Ok(ips),
+    }
 }
 
 /// Node names end up in static pod names, so they must be DNS-1123 subdomains.

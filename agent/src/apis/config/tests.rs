@@ -150,7 +150,8 @@ fn unknown_field_is_rejected() {
 fn unimplemented_fields_warn_once_listing_all() {
     let yaml = format!(
         "{HEADER}clusterDNS: [10.0.0.10]\nrotateCertificates: true\n\
-         staticPodPath: /etc/m\nevictionHard:\n  memory.available: 100Mi\n"
+         staticPodPath: /etc/m\nevictionSoft:\n  memory.available: 100Mi\n\
+         evictionHard:\n  memory.available: 200Mi\n"
     );
     let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
     assert_eq!(
@@ -158,10 +159,15 @@ fn unimplemented_fields_warn_once_listing_all() {
         Some(PathBuf::from("/etc/m"))
     );
     assert_eq!(
+        config.kubelet.node.eviction_hard,
+        std::collections::BTreeMap::from([("memory.available".to_owned(), "200Mi".to_owned())]),
+        "evictionHard replaces the defaults, as in the kubelet"
+    );
+    assert_eq!(
         warnings,
         vec![
             "ringlet does not implement these KubeletConfiguration fields yet: clusterDNS, \
-             rotateCertificates, evictionHard"
+             rotateCertificates, evictionSoft"
                 .to_owned()
         ]
     );
@@ -590,4 +596,80 @@ fn io_engine_from_file_and_flags() {
         problems,
         ["ioEngine (--io-engine): \"kqueue\" must be auto, uring or epoll"]
     );
+}
+
+#[test]
+fn node_registration_from_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}registerNode: false\nregisterWithTaints:\n- {{key: a, value: b, effect: NoSchedule}}\n\
+         nodeStatusUpdateFrequency: 20s\nnodeLeaseDurationSeconds: 60\nsystemReserved:\n  cpu: 500m\n"
+    );
+    let (config, _) = load_with_file(
+        &yaml,
+        &[
+            "--register-node",
+            "--register-with-taints",
+            "x:NoExecute",
+            "--node-labels",
+            "rack=r1,example.com/tier=gold",
+            "--node-ip",
+            "192.0.2.7",
+            "--kubeconfig",
+            "/etc/kubernetes/kubelet.conf",
+            "--bootstrap-kubeconfig",
+            "/etc/kubernetes/bootstrap.conf",
+        ],
+    )
+    .expect("loads");
+    let node = &config.kubelet.node;
+    assert!(node.register_node, "the flag overrides the file");
+    assert_eq!(
+        node.register_with_taints,
+        vec![TaintSetting {
+            key: "x".to_owned(),
+            value: None,
+            effect: "NoExecute".to_owned()
+        }]
+    );
+    assert_eq!(node.node_status_update_frequency, Duration::from_secs(20));
+    assert_eq!(node.node_status_report_frequency, Duration::from_secs(20));
+    assert_eq!(node.lease_renew_interval(), Duration::from_secs(15));
+    assert_eq!(node.system_reserved["cpu"], "500m");
+    assert_eq!(config.node_labels["example.com/tier"], "gold");
+    assert_eq!(
+        config.node_ips,
+        vec!["192.0.2.7".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        config.bootstrap_kubeconfig,
+        Some(PathBuf::from("/etc/kubernetes/bootstrap.conf"))
+    );
+}
+
+#[test]
+fn bad_node_flags_are_named() {
+    let problems = invalid_problems(load([
+        "ringlet",
+        "--hostname-override",
+        "n",
+        "--node-labels=-bad=1",
+        "--node-ip",
+        "10.0.0.1,10.0.0.2",
+        "--bootstrap-kubeconfig",
+        "/b.conf",
+        "--register-with-taints",
+        "nocolon",
+    ]));
+    let text = problems.join("\n");
+    for expected in [
+        "--node-labels: label key \"-bad\"",
+        "--node-ip: two addresses must be one IPv4 and one IPv6 address",
+        "--bootstrap-kubeconfig: needs --kubeconfig",
+        "registerWithTaints (--register-with-taints): \"nocolon\"",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
 }

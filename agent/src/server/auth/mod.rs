@@ -29,7 +29,7 @@ use std::time::Duration;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, StatusCode};
 
-use crate::apiserver::ApiServerClient;
+use crate::apiserver::ApiClient;
 use crate::error_chain::error_chain;
 use crate::server::PeerCertificates;
 use attributes::Attributes;
@@ -131,10 +131,7 @@ impl std::fmt::Debug for KubeletAuth {
 
 impl KubeletAuth {
     /// Sets up authentication and authorisation; `api_server` is required when either webhook is on.
-    pub fn new(
-        settings: AuthSettings,
-        api_server: Option<ApiServerClient>,
-    ) -> Result<Self, AuthError> {
+    pub fn new(settings: AuthSettings, api_server: Option<ApiClient>) -> Result<Self, AuthError> {
         let tokens = match settings.webhook_authentication {
             None => None,
             Some(ttl) => {

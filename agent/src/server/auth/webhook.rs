@@ -16,19 +16,15 @@ use k8s_openapi::api::authorization::v1::{
 use super::UserInfo;
 use super::attributes::Attributes;
 use super::cache::{self, TtlCache};
-use crate::apiserver::{ApiServerClient, ApiServerError};
+use kube::api::{Api, PostParams};
 
-const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
-const SUBJECT_ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+use crate::apiserver::ApiClient;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
-    #[error("creating a {kind}")]
-    Request {
-        kind: &'static str,
-        #[source]
-        source: ApiServerError,
-    },
+    /// The request failed; `message` names the action, the identity and the API server's answer.
+    #[error("{message}")]
+    Request { message: String },
     #[error("the API server answered a {kind} without a status")]
     NoStatus { kind: &'static str },
     #[error("the API server authenticated a token but named no user")]
@@ -49,13 +45,13 @@ pub(crate) enum TokenOutcome {
 }
 
 pub(crate) struct TokenAuthenticator {
-    client: ApiServerClient,
+    client: ApiClient,
     cache: TtlCache<TokenOutcome>,
     ttl: Duration,
 }
 
 impl TokenAuthenticator {
-    pub(crate) fn new(client: ApiServerClient, ttl: Duration) -> Self {
+    pub(crate) fn new(client: ApiClient, ttl: Duration) -> Self {
         Self {
             client,
             cache: TtlCache::new(),
@@ -75,14 +71,12 @@ impl TokenAuthenticator {
             },
             ..TokenReview::default()
         };
-        let answer: TokenReview =
-            self.client
-                .create(TOKEN_REVIEWS, &review)
-                .await
-                .map_err(|source| WebhookError::Request {
-                    kind: "TokenReview",
-                    source,
-                })?;
+        let answer = Api::<TokenReview>::all(self.client.client())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|err| WebhookError::Request {
+                message: self.client.describe("create a TokenReview", &err),
+            })?;
         let status = answer.status.ok_or(WebhookError::NoStatus {
             kind: "TokenReview",
         })?;
@@ -113,7 +107,7 @@ pub(crate) enum Decision {
 }
 
 pub(crate) struct SubjectAccessReviewer {
-    client: ApiServerClient,
+    client: ApiClient,
     cache: TtlCache<Decision>,
     authorized_ttl: Duration,
     unauthorized_ttl: Duration,
@@ -121,7 +115,7 @@ pub(crate) struct SubjectAccessReviewer {
 
 impl SubjectAccessReviewer {
     pub(crate) fn new(
-        client: ApiServerClient,
+        client: ApiClient,
         authorized_ttl: Duration,
         unauthorized_ttl: Duration,
     ) -> Self {
@@ -165,13 +159,11 @@ impl SubjectAccessReviewer {
             spec,
             ..SubjectAccessReview::default()
         };
-        let answer: SubjectAccessReview = self
-            .client
-            .create(SUBJECT_ACCESS_REVIEWS, &review)
+        let answer = Api::<SubjectAccessReview>::all(self.client.client())
+            .create(&PostParams::default(), &review)
             .await
-            .map_err(|source| WebhookError::Request {
-                kind: "SubjectAccessReview",
-                source,
+            .map_err(|err| WebhookError::Request {
+                message: self.client.describe("create a SubjectAccessReview", &err),
             })?;
         let status = answer.status.ok_or(WebhookError::NoStatus {
             kind: "SubjectAccessReview",
