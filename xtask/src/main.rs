@@ -4,6 +4,7 @@
 mod bench;
 mod benchkit;
 mod cmd;
+mod daemon;
 mod demo;
 mod http;
 mod io_bench;
