@@ -4,6 +4,7 @@
 //! when that is ignored).
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,6 +15,8 @@ use crate::cmd;
 
 /// How many log lines an error about a daemon that did not come up quotes.
 const LOG_TAIL_LINES: usize = 30;
+/// Opens the line written into a daemon's log before each start.
+const START_MARKER: &str = "=== cargo xtask starts";
 
 /// One daemon: `program` is both the binary's file name and the process name (`/proc/<pid>/comm`)
 /// the pid file is checked against, so a recycled pid is not mistaken for it.
@@ -71,11 +74,19 @@ impl Daemon {
             pid
         } else {
             let log_path = self.log_path();
-            let log = fs::OpenOptions::new()
+            let mut log = fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&log_path)
                 .with_context(|| format!("opening {}", log_path.display()))?;
+            // The log is kept across starts; the marker tells this start's lines from older ones.
+            writeln!(
+                log,
+                "{START_MARKER} {} {}",
+                binary.display(),
+                args.join(" ")
+            )
+            .with_context(|| format!("writing to {}", log_path.display()))?;
             // setsid detaches the daemon from our session so it outlives this command and the
             // terminal; it does not fork (we are not a process-group leader), so the pid we
             // record is the daemon's.
@@ -149,9 +160,13 @@ impl Daemon {
         Ok(Some(pid))
     }
 
+    /// The last lines the latest start logged.
     fn log_tail(&self) -> String {
         let log = fs::read_to_string(self.log_path()).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
+        let latest = log
+            .rfind(START_MARKER)
+            .map_or(log.as_str(), |start| &log[start..]);
+        let lines: Vec<&str> = latest.lines().collect();
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
     }
 }
