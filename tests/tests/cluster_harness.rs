@@ -1,7 +1,8 @@
 //! The control-plane harness against the real API server (`cargo xtask cluster up`): node
 //! credentials are held to their own node by the Node authorizer and the `NodeRestriction`
 //! admission plugin, the bootstrap token may ask for a client certificate, a CSR signed by the
-//! harness authenticates as the node, and prepared namespaces hold what pods need.
+//! harness authenticates as the node, prepared namespaces hold what pods need, and the API server's
+//! client certificate for kubelets is authorized for the kubelet API.
 
 use std::process::Output;
 use std::time::Duration;
@@ -218,5 +219,24 @@ fn prepare_namespace_adds_what_pods_need_and_can_run_twice() -> Result<()> {
     assert_eq!(root_ca["data"]["ca.crt"], ca.as_str());
     let service_ca = cluster.get_json(&["configmap", "openshift-service-ca.crt", "-n", ns])?;
     assert_eq!(service_ca["data"]["service-ca.crt"], ca.as_str());
+    Ok(())
+}
+
+#[test]
+fn the_api_servers_kubelet_client_may_use_the_kubelet_api() -> Result<()> {
+    let Some(cluster) = require_cluster("the_api_servers_kubelet_client_may_use_the_kubelet_api")
+    else {
+        return Ok(());
+    };
+    // What a kubelet's SubjectAccessReview asks for `kubectl logs` and `exec`, as this user.
+    let can_i = |user: &str| -> Result<String> {
+        let mut command = cluster.kubectl();
+        command.args(["auth", "can-i", "get", "nodes/proxy", "--as", user]);
+        // `can-i` exits 1 for "no": the answer is on stdout either way.
+        let out = output_with_input(&mut command, "")?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    assert_eq!(can_i("kube-apiserver-kubelet-client")?, "yes");
+    assert_eq!(can_i("harness-somebody-else")?, "no");
     Ok(())
 }
