@@ -198,8 +198,8 @@ impl Cluster {
     }
 
     /// Does for CSR `name` what the missing csrsigning controller would: approves it and writes a
-    /// certificate for the CSR's public key and subject (its usages as asked, valid one year, signed
-    /// by the CA) into its status.
+    /// certificate for the CSR's public key, subject and names (its usages as asked, valid one
+    /// year, signed by the CA) into its status.
     pub fn sign_csr(&self, name: &str) -> Result<()> {
         let csr = self.get_json(&["csr", name])?;
         let mut request = parse_csr(&csr).with_context(|| format!("CSR {name}"))?;
