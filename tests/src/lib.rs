@@ -4,6 +4,9 @@
 //!
 //! A test that cannot run here (not root, no containerd) prints SKIP with the reason; with `CI=true`
 //! that is a failure instead, so CI never passes by skipping.
+//!
+//! Tests that need the API server share one control plane (`cargo xtask cluster up`), reached
+//! through [`cluster`].
 
 use std::fs;
 use std::io::{Read, Write};
@@ -15,6 +18,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
+
+pub mod cluster;
+
+pub use cluster::{Cluster, require_cluster};
 
 /// Names the I/O engine (`uring`, `epoll`) every agent of the suite runs on; unset leaves `auto`.
 pub const IO_ENGINE_ENV: &str = "RINGLET_E2E_IO_ENGINE";

@@ -1,4 +1,5 @@
-//! Running external programs with errors that name the command that failed, and signalling processes.
+//! Running external programs with errors that name the command that failed, signalling processes,
+//! and checking that we run as root.
 
 use std::process::{Command, Stdio};
 
@@ -45,4 +46,14 @@ pub fn signal(pid: u32, sig: i32) -> bool {
     };
     // SAFETY: kill(2) takes plain integers and touches no memory of ours.
     unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// Fails unless we run as root; `what` names what needs it ("the lab").
+pub fn ensure_root(what: &str) -> Result<()> {
+    // SAFETY: geteuid(2) has no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        bail!("{what} needs root, running as uid {euid}");
+    }
+    Ok(())
 }

@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::cmd;
+use crate::daemon::Daemon;
 use crate::oci::{self, ImageSpec, Layer};
 
 /// Where the lab keeps its configuration, log, pid file, images and build outputs.
@@ -37,7 +38,13 @@ const PACKAGES: &[&str] = &[
     "libc6-dev",
     "curl",
     "prometheus",
+    // etcd for the control plane (`cargo xtask cluster up`). Its package ships an init script
+    // that would start an etcd on 2379; without systemd, or under Docker's policy-rc.d, it does
+    // not, and the control plane's own etcd listens elsewhere either way.
+    "etcd-server",
 ];
+/// The containerd that `lab up` starts: log and pid file in the lab directory.
+const CONTAINERD: Daemon = Daemon::new("containerd", LAB_DIR);
 const CNI_CONFLIST: &str = "/etc/cni/net.d/10-ringlet-lab.conflist";
 const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);
 const CONTAINERD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -63,7 +70,7 @@ pub fn ctr() -> Command {
 }
 
 pub fn up() -> Result<()> {
-    ensure_root()?;
+    cmd::ensure_root("the lab")?;
     install_packages()?;
     mount_kernel_filesystems()?;
     fs::create_dir_all(LAB_DIR).with_context(|| format!("creating {LAB_DIR}"))?;
@@ -77,34 +84,13 @@ pub fn up() -> Result<()> {
 }
 
 pub fn down() -> Result<()> {
-    ensure_root()?;
-    let pid_file = lab_path("containerd.pid");
-    let Some(pid) = started_containerd_pid()? else {
-        println!("no containerd started by `lab up` is running");
-        remove_if_exists(&pid_file)?;
-        return Ok(());
-    };
-    if !cmd::signal(pid, libc::SIGTERM) {
-        bail!(
-            "stopping containerd {pid}: {}",
-            std::io::Error::last_os_error()
-        );
+    cmd::ensure_root("the lab")?;
+    match CONTAINERD.stop(CONTAINERD_STOP_TIMEOUT)? {
+        Some(pid) => println!(
+            "containerd {pid} stopped; running pods keep their shims and are picked up again by the next `lab up`"
+        ),
+        None => println!("no containerd started by `lab up` is running"),
     }
-    let deadline = Instant::now() + CONTAINERD_STOP_TIMEOUT;
-    while process_alive(pid) {
-        if Instant::now() > deadline {
-            println!(
-                "containerd {pid} ignored SIGTERM for {CONTAINERD_STOP_TIMEOUT:?}: killing it"
-            );
-            cmd::signal(pid, libc::SIGKILL);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    remove_if_exists(&pid_file)?;
-    println!(
-        "containerd {pid} stopped; running pods keep their shims and are picked up again by the next `lab up`"
-    );
     Ok(())
 }
 
@@ -133,7 +119,7 @@ pub fn status() -> Result<()> {
         "MISSING"
     };
     println!("CNI config {CNI_CONFLIST}: {cni}");
-    match started_containerd_pid()? {
+    match CONTAINERD.running_pid()? {
         Some(pid) => println!("containerd started by `lab up`: pid {pid}"),
         None => println!("containerd started by `lab up`: none"),
     }
@@ -153,15 +139,6 @@ pub fn status() -> Result<()> {
         if !name.starts_with("sha256:") {
             println!("  {name}  {digest}");
         }
-    }
-    Ok(())
-}
-
-fn ensure_root() -> Result<()> {
-    // SAFETY: geteuid(2) has no arguments and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        bail!("the lab needs root, running as uid {euid}");
     }
     Ok(())
 }
@@ -232,15 +209,6 @@ fn write_if_changed(path: &Path, contents: &[u8]) -> Result<bool> {
     }
     fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
     Ok(true)
-}
-
-fn remove_if_exists(path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("removing {}", path.display()))
-        }
-        _ => Ok(()),
-    }
 }
 
 fn containerd_config() -> String {
@@ -442,72 +410,11 @@ pub fn containerd_answers() -> bool {
     Path::new(SOCKET).exists() && cmd::succeeds(ctr().arg("version"))
 }
 
-fn process_alive(pid: u32) -> bool {
-    // A stopped process whose parent has not reaped it yet is a zombie ("Z"): it is gone for our purpose.
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
-    })
-}
-
-/// The pid in the lab's pid file, if that process is still a running containerd.
-fn started_containerd_pid() -> Result<Option<u32>> {
-    let pid_file = lab_path("containerd.pid");
-    let Ok(text) = fs::read_to_string(&pid_file) else {
-        return Ok(None);
-    };
-    let pid: u32 = text
-        .trim()
-        .parse()
-        .with_context(|| format!("{} does not hold a pid: {text:?}", pid_file.display()))?;
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    Ok((comm.trim() == "containerd" && process_alive(pid)).then_some(pid))
-}
-
 fn start_containerd(config: &Path) -> Result<()> {
-    if containerd_answers() {
-        println!("containerd: already answering on {SOCKET}");
-        return Ok(());
-    }
-    let log_path = lab_path("containerd.log");
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .with_context(|| format!("opening {}", log_path.display()))?;
-    // setsid detaches containerd from our session so it outlives this command and the terminal; it does
-    // not fork (we are not a process-group leader), so the pid we record is containerd's.
-    let mut child = Command::new("setsid")
-        .arg("containerd")
-        .arg("--config")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().context("duplicating the log file handle")?)
-        .stderr(log)
-        .spawn()
-        .context("starting containerd")?;
-    let pid = child.id();
-    fs::write(lab_path("containerd.pid"), format!("{pid}\n")).context("writing the pid file")?;
-    let started = Instant::now();
-    while !containerd_answers() {
-        if let Some(status) = child.try_wait().context("waiting for containerd")? {
-            bail!(
-                "containerd exited with {status} before answering; see {}",
-                log_path.display()
-            );
-        }
-        if started.elapsed() > CONTAINERD_START_TIMEOUT {
-            bail!(
-                "containerd (pid {pid}) did not answer on {SOCKET} within {CONTAINERD_START_TIMEOUT:?}; see {}",
-                log_path.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    println!(
-        "containerd: started (pid {pid}) in {:?}, log {}",
-        started.elapsed(),
-        log_path.display()
-    );
-    Ok(())
+    CONTAINERD.start(
+        Path::new("containerd"),
+        &["--config".to_owned(), config.display().to_string()],
+        containerd_answers,
+        CONTAINERD_START_TIMEOUT,
+    )
 }

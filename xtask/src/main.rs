@@ -1,9 +1,12 @@
-//! `cargo xtask`: ringlet's developer tasks. `lab` prepares a real containerd on this machine, `demo`
-//! runs the agent on example static pods, `test` runs every test tier, `bench` measures the agent.
+//! `cargo xtask`: ringlet's developer tasks. `lab` prepares a real containerd on this machine,
+//! `cluster` a real Kubernetes control plane on loopback, `demo` runs the agent on example static
+//! pods, `test` runs every test tier, `bench` measures the agent.
 
 mod bench;
 mod benchkit;
+mod cluster;
 mod cmd;
+mod daemon;
 mod demo;
 mod http;
 mod io_bench;
@@ -32,6 +35,11 @@ enum Command {
         #[command(subcommand)]
         action: LabAction,
     },
+    /// Manage the local control plane (etcd and kube-apiserver on loopback).
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
     /// Set the lab up and run ringlet on the example static pods in the foreground.
     Demo,
     /// Run the unit and component tests, then the privileged suite against the lab.
@@ -54,6 +62,16 @@ enum LabAction {
 }
 
 #[derive(Subcommand)]
+enum ClusterAction {
+    /// Generate the PKI, kubeconfigs and bootstrap token, start etcd and kube-apiserver.
+    Up,
+    /// Stop the kube-apiserver and etcd that `cluster up` started.
+    Down,
+    /// Show what runs and whether the API server is ready.
+    Status,
+}
+
+#[derive(Subcommand)]
 enum Bench {
     /// Time from agent start to all static pods running, and from a container exit to the status change.
     Startup(bench::StartupArgs),
@@ -71,6 +89,11 @@ fn main() -> Result<()> {
             LabAction::Up => lab::up(),
             LabAction::Down => lab::down(),
             LabAction::Status => lab::status(),
+        },
+        Command::Cluster { action } => match action {
+            ClusterAction::Up => cluster::up(),
+            ClusterAction::Down => cluster::down(),
+            ClusterAction::Status => cluster::status(),
         },
         Command::Demo => demo::run(),
         Command::Test => test::run(),

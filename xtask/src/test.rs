@@ -1,10 +1,11 @@
 //! `cargo xtask test`: the unit and component tiers, then the privileged tiers against the lab (the
-//! runtime manager's smoke tests on real containerd, and the end-to-end suite).
+//! runtime manager's smoke tests on real containerd, and the end-to-end suite, which shares one
+//! control plane for the whole run).
 //! Both tiers always run, so one failing tier still shows the other's results.
 
 use anyhow::{Result, bail};
 
-use crate::{cargo, lab, workspace_root};
+use crate::{cargo, cluster, lab, workspace_root};
 
 pub fn run() -> Result<()> {
     let root = workspace_root();
@@ -12,6 +13,9 @@ pub fn run() -> Result<()> {
     // programs) as well as the containerd the privileged tiers use.
     println!("== lab");
     lab::up()?;
+    // After the lab, which installs etcd-server.
+    println!("== control plane");
+    cluster::up()?;
 
     println!("== unit and component tests");
     let unit = cargo()
