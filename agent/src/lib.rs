@@ -14,6 +14,7 @@ pub mod events;
 pub mod io;
 pub mod kubelet;
 pub mod kuberuntime;
+pub mod lifecycle;
 pub mod metrics;
 pub mod pleg;
 pub mod pod_workers;
