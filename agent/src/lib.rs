@@ -15,6 +15,7 @@ pub mod io;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod metrics;
+pub mod nodestatus;
 pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;
