@@ -194,10 +194,19 @@ fn diff_merge_list(
     out: &mut Map<String, Value>,
 ) {
     let key_of = |item: &Value| item.get(merge_key).cloned().unwrap_or(Value::Null);
+    // Elements sharing a key (two InternalIPs) pair up in order of occurrence, as upstream's
+    // walk over both lists sorted by key does.
+    let occurrence = |list: &[Value], index: usize| {
+        let key = key_of(&list[index]);
+        list[..index]
+            .iter()
+            .filter(|item| key_of(item) == key)
+            .count()
+    };
     let mut entries = Vec::new();
-    for new_item in new {
+    for (index, new_item) in new.iter().enumerate() {
         let key = key_of(new_item);
-        match old.iter().find(|old_item| key_of(old_item) == key) {
+        match counterpart(old, merge_key, &key, occurrence(new, index)) {
             Some(old_item) => {
                 if let (Value::Object(old_fields), Value::Object(new_fields)) = (old_item, new_item)
                 {
@@ -213,9 +222,9 @@ fn diff_merge_list(
             None => entries.push(new_item.clone()),
         }
     }
-    for old_item in old {
+    for (index, old_item) in old.iter().enumerate() {
         let key = key_of(old_item);
-        if !new.iter().any(|new_item| key_of(new_item) == key) {
+        if counterpart(new, merge_key, &key, occurrence(old, index)).is_none() {
             entries.push(json!({"$patch": "delete", merge_key: key}));
         }
     }
@@ -231,6 +240,18 @@ fn diff_merge_list(
     if !entries.is_empty() {
         out.insert(field.to_owned(), Value::Array(entries));
     }
+}
+
+/// The `nth` element of `list` whose merge key is `key`.
+fn counterpart<'a>(
+    list: &'a [Value],
+    merge_key: &str,
+    key: &Value,
+    nth: usize,
+) -> Option<&'a Value> {
+    list.iter()
+        .filter(|item| item.get(merge_key).unwrap_or(&Value::Null) == key)
+        .nth(nth)
 }
 
 #[cfg(test)]
@@ -418,6 +439,17 @@ mod tests {
         bare.status.as_mut().unwrap().addresses = None;
         let patch = node_status_patch(&bare, &new).unwrap();
         assert_eq!(patch["status"]["addresses"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn unchanged_dual_stack_addresses_are_no_patch() {
+        let mut old = node(vec![]);
+        old.status.as_mut().unwrap().addresses = Some(vec![
+            address("InternalIP", "10.0.0.6"),
+            address("InternalIP", "fd00::6"),
+            address("Hostname", "n1"),
+        ]);
+        assert_eq!(node_status_patch(&old, &old.clone()).unwrap(), json!({}));
     }
 
     #[test]
