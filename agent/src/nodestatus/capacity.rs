@@ -220,8 +220,8 @@ mod tests {
     use super::super::tests::{facts_with, machine};
     use super::*;
 
-    fn quantities(list: &Option<BTreeMap<String, Quantity>>) -> BTreeMap<&str, &str> {
-        list.iter()
+    fn quantities(list: Option<&BTreeMap<String, Quantity>>) -> BTreeMap<&str, &str> {
+        list.into_iter()
             .flatten()
             .map(|(k, v)| (k.as_str(), v.0.as_str()))
             .collect()
@@ -247,7 +247,7 @@ mod tests {
         let mut status = NodeStatus::default();
         assert!(run(&facts, &mut status).is_empty());
         assert_eq!(
-            quantities(&status.capacity),
+            quantities(status.capacity.as_ref()),
             BTreeMap::from([
                 ("cpu", "4"),
                 ("memory", "8029064Ki"),
@@ -283,26 +283,24 @@ mod tests {
         facts.eviction_hard = &eviction;
         let mut status = NodeStatus::default();
         assert!(run(&facts, &mut status).is_empty());
-        let storage: i128 = 51_474_912 * 1024;
-        // 10% as the kubelet computes it: float32(0.1) widened to float64.
-        let ten_percent = (storage as f64 * f64::from(10.0_f32 / 100.0)) as i128;
-        let storage_left = storage - (1 << 30) - ten_percent;
-        let memory_left: i128 = 8_029_064 * 1024 - (512 + 256 + 100 + 32) * (1 << 20);
+        // 50 GiB-ish minus 1Gi minus 10% computed as the kubelet does, with float32(0.1): the
+        // threshold is 5271031067 bytes, 78 more than an exact tenth.
         assert_eq!(
-            quantities(&status.allocatable),
+            quantities(status.allocatable.as_ref()),
             BTreeMap::from([
                 ("cpu", "3500m"),
-                (
-                    "memory",
-                    format_quantity(memory_left * NANOS, QuantityFormat::BinarySi).as_str()
-                ),
+                // 8029064Ki - (512 + 256 + 100)Mi reserved - 32Mi of huge pages.
+                ("memory", "7107464Ki"),
                 ("pods", "110"),
-                ("ephemeral-storage", storage_left.to_string().as_str()),
+                ("ephemeral-storage", "46365536997"),
                 ("hugepages-2Mi", "32Mi"),
                 ("hugepages-1Gi", "0"),
             ])
         );
-        assert_eq!(quantities(&status.allocatable)["memory"], "7107464Ki");
+        assert_eq!(
+            quantities(status.allocatable.as_ref())["memory"],
+            "7107464Ki"
+        );
     }
 
     #[test]
@@ -316,14 +314,17 @@ mod tests {
         let mut status = NodeStatus::default();
         let errors = run(&facts, &mut status);
         assert_eq!(errors.len(), 2, "{errors:?}");
-        assert_eq!(quantities(&status.allocatable)["cpu"], "0");
+        assert_eq!(quantities(status.allocatable.as_ref())["cpu"], "0");
         assert!(
             errors[0].to_string().contains("systemReserved"),
             "{}",
             errors[0]
         );
         // Memory still loses its huge pages.
-        assert_eq!(quantities(&status.allocatable)["memory"], "7996296Ki");
+        assert_eq!(
+            quantities(status.allocatable.as_ref())["memory"],
+            "7996296Ki"
+        );
     }
 
     #[test]
@@ -343,10 +344,10 @@ mod tests {
             ..NodeStatus::default()
         };
         run(&facts, &mut status);
-        let capacity = quantities(&status.capacity);
+        let capacity = quantities(status.capacity.as_ref());
         assert_eq!(capacity["pods"], "40");
         assert_eq!(capacity["example.com/gpu"], "2");
-        let allocatable = quantities(&status.allocatable);
+        let allocatable = quantities(status.allocatable.as_ref());
         assert_eq!(allocatable["example.com/gpu"], "2");
         assert!(!allocatable.contains_key("example.com/fpga"));
     }

@@ -266,10 +266,8 @@ mod tests {
 
     use super::*;
 
-    fn time(seconds: i64) -> Option<Time> {
-        Some(Time(
-            Timestamp::from_second(1_700_000_000 + seconds).unwrap(),
-        ))
+    fn time(seconds: i64) -> Time {
+        Time(Timestamp::from_second(1_700_000_000 + seconds).unwrap())
     }
 
     fn condition(kind: &str, status: &str, heartbeat: i64, transition: i64) -> NodeCondition {
@@ -278,8 +276,8 @@ mod tests {
             status: status.to_owned(),
             reason: Some(format!("{kind}{status}")),
             message: Some("m".to_owned()),
-            last_heartbeat_time: time(heartbeat),
-            last_transition_time: time(transition),
+            last_heartbeat_time: Some(time(heartbeat)),
+            last_transition_time: Some(time(transition)),
         }
     }
 
