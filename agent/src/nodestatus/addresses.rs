@@ -352,19 +352,47 @@ mod tests {
         assert_eq!(node.status.unwrap().addresses.unwrap().len(), 3);
     }
 
+    /// This host's interfaces and routes, with DNS left out so the test does not wait on a
+    /// resolver.
+    struct NoDns;
+
+    impl HostNetwork for NoDns {
+        fn addresses(&self) -> Result<Vec<IpAddr>, HostIpError> {
+            SystemNetwork.addresses()
+        }
+
+        fn lookup(&self, _name: &str) -> Vec<IpAddr> {
+            Vec::new()
+        }
+
+        fn default_route_ip(&self, prefer_ipv6: bool) -> Result<IpAddr, HostIpError> {
+            SystemNetwork.default_route_ip(prefer_ipv6)
+        }
+    }
+
     #[test]
-    fn this_host_resolves_an_address_without_configuration() {
-        // DNS cannot know a name under `.invalid`, so the default route decides (or, on a host
-        // without one, the error says why).
-        match resolve_node_ips(&[], "ringlet-test-host", "ringlet-test-host.invalid") {
+    fn this_host_resolves_a_non_loopback_address_or_says_why() {
+        match resolve(&[], "not-an-ip", "node-1", &NoDns) {
             Ok(ips) => {
                 assert_eq!(ips.len(), 1);
                 assert!(!ips[0].is_loopback(), "{ips:?}");
+                // What was detected passes the check a configured IP gets.
+                let again = resolve(&ips, "not-an-ip", "node-1", &NoDns).unwrap();
+                assert_eq!(again, ips);
             }
             Err(err) => assert!(
-                err.to_string().starts_with("can't get ip address of node"),
+                err.to_string()
+                    .starts_with("can't get ip address of node node-1"),
                 "{err}"
             ),
         }
+        let err = resolve(&[ip("127.0.0.1")], "h", "node-1", &NoDns).unwrap_err();
+        assert!(matches!(
+            err,
+            NodeStatusError::InvalidNodeIp {
+                which: "nodeIP",
+                reason: NodeIpRejection::Loopback
+            }
+        ));
     }
 }
