@@ -16,6 +16,7 @@ pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
 pub mod metrics;
+pub mod nodestatus;
 pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;

@@ -34,7 +34,7 @@ use crate::pod_workers::{
 use crate::podconfig::{PodOperation, PodUpdate, SourcesReady};
 use crate::status::{ReasonCache, StatusManager};
 
-pub use node_ip::node_ip;
+pub use node_ip::{HostIpError, host_addresses, host_ip, node_ip};
 pub use pod_manager::{PodManager, pod_uid};
 pub use runonce::RunPodResult;
 pub use runtime_state::RuntimeState;

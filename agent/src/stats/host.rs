@@ -59,7 +59,7 @@ pub(super) fn read_to_string(path: &Path) -> Result<String, StatsError> {
 
 /// Parses `key value` lines (cgroup `*.stat`, `/proc/vmstat`) and `Key: value kB` lines
 /// (`/proc/meminfo`, returned in bytes). Lines whose value is not a number are skipped.
-pub(super) fn read_key_values(path: &Path) -> Result<HashMap<String, u64>, StatsError> {
+pub(crate) fn read_key_values(path: &Path) -> Result<HashMap<String, u64>, StatsError> {
     Ok(parse_key_values(&read_to_string(path)?))
 }
 
