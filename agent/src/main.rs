@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ringlet::apis::config::{self, AgentConfig, AuthorizationModeSetting, KubeletConfiguration};
+use ringlet::apis::config::{
+    self, AgentConfig, AuthorizationModeSetting, KubeletConfiguration, TaintSetting,
+};
 use ringlet::apiserver::bootstrap::{self, BootstrapSettings};
 use ringlet::apiserver::{self, ApiClient};
 use ringlet::cli;
@@ -22,7 +24,8 @@ use ringlet::event_stream::{self, EventBroadcaster};
 use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
-    ApiParts, Kubelet, KubeletServerHost, KubeletSettings, NodeHelper, RunPodResult,
+    ApiParts, Kubelet, KubeletDeps, KubeletServerHost, KubeletSettings, NodeHelper,
+    NodeStatusSettings, RunPodResult,
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
@@ -112,7 +115,10 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let runtime_manager = build_runtime(&config, engine, &pod_cgroups, &recorder);
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
     let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
-    let (updates, sources_ready) = podconfig::start(pod_config_options(&config), recorder.clone());
+    let (updates, sources_ready) = podconfig::start(
+        pod_config_options(&config, api_client.clone()),
+        recorder.clone(),
+    );
     let metrics = Metrics::new().context("cannot set up the metrics")?;
     metrics.set_io_engine(engine);
     let hint_source = if config.runonce {
@@ -131,21 +137,23 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let broadcaster = EventBroadcaster::default();
     let kubelet = Kubelet::new(
         KubeletSettings {
-            node_name: config.node_name.clone(),
+            node: node_status_settings(&config),
             root_dir: config.root_dir.clone(),
             sync_frequency: kc.sync_frequency,
-            max_pods: usize::try_from(kc.max_pods).unwrap_or(usize::MAX),
             max_dead_containers_per_container: config
                 .max_dead_containers_per_container
                 .unwrap_or(usize::MAX),
             pleg_relist_period: kc.pleg_relist_period,
         },
-        runtime,
-        Arc::clone(&pod_cgroups),
-        recorder,
-        pleg_hints,
-        metrics,
-        broadcaster.clone(),
+        KubeletDeps {
+            runtime,
+            pod_cgroups: Arc::clone(&pod_cgroups),
+            recorder,
+            pleg_hints,
+            metrics,
+            broadcaster: broadcaster.clone(),
+            api: api_client.clone(),
+        },
     );
 
     if config.runonce {
@@ -219,8 +227,30 @@ async fn connect_api_server(config: &AgentConfig) -> anyhow::Result<Option<ApiCl
     Ok(Some(client))
 }
 
-/// The pod sources: the manifest path and URL of the configuration.
-fn pod_config_options(config: &AgentConfig) -> PodConfigOptions {
+/// The node as the status manager reports it: name, addresses, labels, taints, capacity settings.
+fn node_status_settings(config: &AgentConfig) -> NodeStatusSettings {
+    let kc = &config.kubelet;
+    NodeStatusSettings {
+        node_name: config.node_name.clone(),
+        hostname: config.node_name.clone(),
+        node_ips: config.node_ips.clone(),
+        labels: config.node_labels.clone(),
+        taints: kc
+            .node
+            .register_with_taints
+            .iter()
+            .map(TaintSetting::to_taint)
+            .collect(),
+        node: kc.node.clone(),
+        max_pods: kc.max_pods,
+        pods_per_core: kc.pods_per_core,
+        kubelet_port: kc.port,
+        root_dir: config.root_dir.clone(),
+    }
+}
+
+/// The pod sources: the manifest path and URL of the configuration, and the API server.
+fn pod_config_options(config: &AgentConfig, api_server: Option<ApiClient>) -> PodConfigOptions {
     let kc = &config.kubelet;
     PodConfigOptions {
         node_name: config.node_name.clone(),
@@ -229,6 +259,7 @@ fn pod_config_options(config: &AgentConfig) -> PodConfigOptions {
         manifest_url: kc.static_pod_url.clone(),
         manifest_url_headers: kc.static_pod_url_header.clone().into_iter().collect(),
         http_check_frequency: kc.http_check_frequency,
+        api_server,
     }
 }
 

@@ -221,6 +221,14 @@ impl PodWorkers {
             worker.kill = Some(KillRequest {
                 grace_period_override,
             });
+            // A pod cleaned up while it was still wanted (deleted on the API server) and removed
+            // now is cleaned up again as removed, so what it kept until then (volumes) goes too.
+            if update.pod_removed
+                && !worker.pod_removed
+                && worker.phase == (WorkerPhase::Terminated { cleaned_up: true })
+            {
+                worker.phase = WorkerPhase::Terminated { cleaned_up: false };
+            }
             worker.pod_removed |= update.pod_removed;
         } else {
             worker.update_type = update.update_type;
@@ -263,6 +271,16 @@ impl PodWorkers {
             }
         }
         finished
+    }
+}
+
+impl crate::status::PodDeletionSafety for PodWorkers {
+    /// Finished: terminated and cleaned up, or never started (a rejected pod has no worker).
+    fn pod_is_finished(&self, uid: &PodUid) -> bool {
+        matches!(
+            self.phase(uid),
+            None | Some(WorkerPhase::Terminated { cleaned_up: true })
+        )
     }
 }
 

@@ -7,19 +7,22 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use ringlet::apis::config::CgroupDriver;
+use ringlet::apis::config::{CgroupDriver, NodeSettings};
 use ringlet::cm::PodContainerManager;
 use ringlet::container::Runtime;
 use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine};
-use ringlet::kubelet::{ApiParts, Kubelet, KubeletSettings, NodeHelper};
+use ringlet::kubelet::{
+    ApiParts, Kubelet, KubeletDeps, KubeletSettings, NodeHelper, NodeStatusSettings,
+};
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
@@ -109,24 +112,38 @@ impl Agent {
                 manifest_url: None,
                 manifest_url_headers: std::collections::HashMap::new(),
                 http_check_frequency: Duration::from_secs(20),
+                api_server: None,
             },
             recorder.clone(),
         );
         let kubelet = Kubelet::new(
             KubeletSettings {
-                node_name: NODE.to_owned(),
+                node: NodeStatusSettings {
+                    node_name: NODE.to_owned(),
+                    hostname: NODE.to_owned(),
+                    node_ips: Vec::new(),
+                    labels: BTreeMap::new(),
+                    taints: Vec::new(),
+                    node: NodeSettings::default(),
+                    max_pods: 110,
+                    pods_per_core: 0,
+                    kubelet_port: 10250,
+                    root_dir: root.path().to_owned(),
+                },
                 root_dir: root.path().to_owned(),
                 sync_frequency: Duration::from_secs(10),
-                max_pods: 110,
                 max_dead_containers_per_container: 1,
                 pleg_relist_period: Some(Duration::from_millis(100)),
             },
-            runtime,
-            Arc::clone(&pod_cgroups),
-            recorder,
-            None,
-            Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
-            EventBroadcaster::default(),
+            KubeletDeps {
+                runtime,
+                pod_cgroups: Arc::clone(&pod_cgroups),
+                recorder,
+                pleg_hints: None,
+                metrics: Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
+                broadcaster: EventBroadcaster::default(),
+                api: None,
+            },
         );
         let stats = StatsProvider::new(StatsSettings::new(
             NODE,

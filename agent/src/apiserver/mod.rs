@@ -7,6 +7,7 @@
 //! described with the identity the agent presented, so a 401 or 403 in the log says who was refused.
 
 pub mod bootstrap;
+pub mod strategic_merge;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +62,9 @@ pub enum ApiServerError {
 #[derive(Clone)]
 pub struct ApiClient {
     client: kube::Client,
+    /// The same connection settings without the per-request timeout, for watches: they are long
+    /// requests, guarded by the watcher's own idle timeout (its watch timeout plus 5 s).
+    watch_client: kube::Client,
     identity: Arc<str>,
     server: Arc<str>,
 }
@@ -116,20 +120,32 @@ impl ApiClient {
         // token review or a status update for minutes; every caller here has its own retry period.
         config.default_retry = false;
         let server = config.cluster_url.to_string();
-        let client = kube::Client::try_from(config).map_err(|source| ApiServerError::Client {
-            server: server.clone(),
-            source,
-        })?;
+        let build = |config: kube::Config| {
+            kube::Client::try_from(config).map_err(|source| ApiServerError::Client {
+                server: server.clone(),
+                source,
+            })
+        };
+        let mut watch_config = config.clone();
+        watch_config.read_timeout = None;
+        let watch_client = build(watch_config)?;
+        let client = build(config)?;
         Ok(Self {
             client,
+            watch_client,
             identity: identity.into(),
             server: server.trim_end_matches('/').into(),
         })
     }
 
-    /// The kube client (cheap to clone).
+    /// The kube client for requests (cheap to clone).
     pub fn client(&self) -> kube::Client {
         self.client.clone()
+    }
+
+    /// The kube client for watches.
+    pub fn watch_client(&self) -> kube::Client {
+        self.watch_client.clone()
     }
 
     /// The API server's base URL.

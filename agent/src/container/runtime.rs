@@ -178,8 +178,11 @@ impl RuntimeStatus {
     pub fn runtime_not_ready(&self) -> Option<String> {
         match self.condition("RuntimeReady") {
             Some(c) if c.status => None,
-            Some(c) => Some(format!("runtime not ready: {}: {}", c.reason, c.message)),
-            None => Some("runtime did not report RuntimeReady".to_owned()),
+            Some(c) => Some(format!(
+                "container runtime not ready: RuntimeReady=false reason:{} message:{}",
+                c.reason, c.message
+            )),
+            None => Some("container runtime not ready: <nil>".to_owned()),
         }
     }
 
@@ -187,8 +190,11 @@ impl RuntimeStatus {
     pub fn network_not_ready(&self) -> Option<String> {
         match self.condition("NetworkReady") {
             Some(c) if c.status => None,
-            Some(c) => Some(format!("network not ready: {}: {}", c.reason, c.message)),
-            None => Some("runtime did not report NetworkReady".to_owned()),
+            Some(c) => Some(format!(
+                "container runtime network not ready: NetworkReady=false reason:{} message:{}",
+                c.reason, c.message
+            )),
+            None => Some("container runtime network not ready: <nil>".to_owned()),
         }
     }
 }
@@ -235,6 +241,15 @@ impl PodSyncResult {
     }
 }
 
+/// One image as the runtime's `ListImages` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub id: String,
+    pub repo_tags: Vec<String>,
+    pub repo_digests: Vec<String>,
+    pub size_bytes: u64,
+}
+
 /// Why a runtime operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -254,8 +269,11 @@ pub enum RuntimeError {
 /// (`kuberuntime::KubeGenericRuntimeManager`); tests substitute fakes.
 #[async_trait]
 pub trait Runtime: Send + Sync + 'static {
-    /// The runtime's name and version, e.g. `containerd 1.6.20`.
+    /// The runtime's name and version as a node reports it, e.g. `containerd://1.6.20`.
     async fn version(&self) -> Result<String, RuntimeError>;
+
+    /// The images on the node.
+    async fn list_images(&self) -> Result<Vec<ImageInfo>, RuntimeError>;
 
     /// `RuntimeReady` / `NetworkReady` conditions.
     async fn status(&self) -> Result<RuntimeStatus, RuntimeError>;

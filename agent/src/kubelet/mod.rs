@@ -1,11 +1,12 @@
 //! The agent's wiring and its sync loop (the kubelet's `pkg/kubelet/kubelet.go`: `Run`, `syncLoop`,
 //! `syncLoopIteration` and the `SyncHandler` methods). The loop multiplexes pod-config updates, PLEG
 //! events, a 1 s sync tick and a 2 s housekeeping tick, and is gated on runtime health; all pod work is
-//! handed to the pod workers.
+//! handed to the pod workers. With an API server, the node status and lease, the status syncer and
+//! the mirror pods run as tasks of their own, so the API server never holds up the loop.
 
 mod housekeeping;
 mod node_ip;
-mod pod_manager;
+mod node_status;
 mod runonce;
 mod runtime_state;
 mod server_host;
@@ -15,9 +16,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
-use tokio::sync::mpsc;
+use k8s_openapi::api::core::v1::{Node, Pod, PodStatus as ApiPodStatus};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::MissedTickBehavior;
+
+use crate::apiserver::ApiClient;
+use crate::lifecycle::{Rejection, admit};
+use crate::nodelease::NodeLease;
+use crate::pod::{MirrorPods, is_mirror_pod};
 
 use crate::cm::PodContainerManager;
 use crate::container::{PodCache, Runtime};
@@ -32,10 +38,11 @@ use crate::pod_workers::{
     PodWorkers, SYNC_BACKOFF_PERIOD, UpdatePodOptions, UpdateType, WorkQueue,
 };
 use crate::podconfig::{PodOperation, PodUpdate, SourcesReady};
-use crate::status::{ReasonCache, StatusManager};
+use crate::status::{ReasonCache, StatusManager, StatusSyncer};
 
+pub use crate::pod::{PodManager, pod_uid};
 pub use node_ip::{HostIpError, host_addresses, host_ip, node_ip};
-pub use pod_manager::{PodManager, pod_uid};
+pub use node_status::{KUBELET_VERSION, NodeStatusManager, NodeStatusSettings};
 pub use runonce::RunPodResult;
 pub use runtime_state::RuntimeState;
 pub use server_host::{ApiParts, KubeletServerHost, NodeHelper};
@@ -54,14 +61,31 @@ const MAX_RUNTIME_DOWN_BACKOFF: Duration = Duration::from_secs(5);
 /// Settings the kubelet core takes from the configuration.
 #[derive(Clone, Debug)]
 pub struct KubeletSettings {
-    pub node_name: String,
+    /// The node: its name, registration, status reporting and capacity.
+    pub node: NodeStatusSettings,
     pub root_dir: PathBuf,
     pub sync_frequency: Duration,
-    pub max_pods: usize,
     pub max_dead_containers_per_container: usize,
     /// The PLEG's full-relist period (`plegRelistPeriod`, a ringlet extension); `None` for the
     /// mode's default: 1 s in relist mode, 60 s (the safety relist) in ebpf mode.
     pub pleg_relist_period: Option<Duration>,
+}
+
+/// What the kubelet core works with besides its settings.
+pub struct KubeletDeps {
+    pub runtime: Arc<dyn Runtime>,
+    pub pod_cgroups: Arc<PodContainerManager>,
+    pub recorder: Recorder,
+    /// The PLEG's end of the eBPF hint source: with it the PLEG runs in ebpf mode (targeted
+    /// relists, slow safety relist, and a targeted relist whenever a pod worker needs a newer
+    /// status than the cache holds), without it in relist mode.
+    pub pleg_hints: Option<HintChannel>,
+    /// Shared with whoever else reports into it (the eBPF reader); served on `/metrics`.
+    pub metrics: Metrics,
+    /// Every PLEG event also goes here, for `ringlet events`.
+    pub broadcaster: EventBroadcaster,
+    /// The API server of the cluster this node joins; `None` for a standalone agent.
+    pub api: Option<ApiClient>,
 }
 
 /// The assembled agent core.
@@ -83,23 +107,26 @@ pub struct Kubelet {
     latency: LatencyTracker,
     cache: Arc<PodCache>,
     pod_cgroups: Arc<PodContainerManager>,
+    api: Option<ApiClient>,
+    /// The Node as last computed or read back from the API server, for admission.
+    node: watch::Receiver<Option<Node>>,
+    node_status: Option<NodeStatusManager>,
+    /// Wakes the mirror-pod task when the pod sources changed.
+    mirrors_changed: Arc<Notify>,
 }
 
 impl Kubelet {
-    /// Assembles the agent core. `pleg_hints` is the PLEG's end of the eBPF hint source: with it the
-    /// PLEG runs in ebpf mode (targeted relists, slow safety relist, and a targeted relist whenever a
-    /// pod worker needs a newer status than the cache holds), without it in relist mode.
-    /// `metrics` is shared with whoever else reports into it (the eBPF reader) and is served on
-    /// `/metrics`. Every PLEG event also goes to `broadcaster` for `ringlet events`.
-    pub fn new(
-        settings: KubeletSettings,
-        runtime: Arc<dyn Runtime>,
-        pod_cgroups: Arc<PodContainerManager>,
-        recorder: Recorder,
-        pleg_hints: Option<HintChannel>,
-        metrics: Metrics,
-        broadcaster: EventBroadcaster,
-    ) -> Self {
+    /// Assembles the agent core.
+    pub fn new(settings: KubeletSettings, deps: KubeletDeps) -> Self {
+        let KubeletDeps {
+            runtime,
+            pod_cgroups,
+            recorder,
+            pleg_hints,
+            metrics,
+            broadcaster,
+            api,
+        } = deps;
         let cache = Arc::new(pleg_hints.as_ref().map_or_else(PodCache::new, |channel| {
             PodCache::with_refresher(channel.refresher())
         }));
@@ -143,6 +170,14 @@ impl Kubelet {
             Arc::clone(&pod_cgroups),
             settings.max_dead_containers_per_container,
         );
+        let (node_status, node) = NodeStatusManager::new(
+            settings.node.clone(),
+            api.clone(),
+            Arc::clone(&runtime),
+            runtime_state.clone(),
+            pleg_handle.clone(),
+            recorder.clone(),
+        );
         Self {
             settings,
             runtime,
@@ -161,6 +196,10 @@ impl Kubelet {
             latency,
             cache,
             pod_cgroups,
+            api,
+            node,
+            node_status: Some(node_status),
+            mirrors_changed: Arc::new(Notify::new()),
         }
     }
 
@@ -194,6 +233,7 @@ impl Kubelet {
         if let Some(pleg) = self.pleg.take() {
             tokio::spawn(pleg.run());
         }
+        self.start_node_tasks();
         self.runtime_state
             .update_runtime_up(self.runtime.as_ref())
             .await;
@@ -251,6 +291,45 @@ impl Kubelet {
         }
     }
 
+    /// The node status (and, with an API server, the lease, the status syncer and the mirror pods)
+    /// as tasks of their own.
+    fn start_node_tasks(&mut self) {
+        if let Some(node_status) = self.node_status.take() {
+            tokio::spawn(node_status.run());
+        }
+        let Some(api) = &self.api else { return };
+        let node = &self.settings.node;
+        tokio::spawn(
+            NodeLease::new(
+                api.clone(),
+                node.node_name.clone(),
+                node.node.node_lease_duration_seconds,
+                node.node.lease_renew_interval(),
+                self.node.clone(),
+            )
+            .run(),
+        );
+        tokio::spawn(
+            StatusSyncer::new(
+                api.clone(),
+                self.status.clone(),
+                self.pods.clone(),
+                self.workers.clone(),
+            )
+            .run(),
+        );
+        tokio::spawn(
+            MirrorPods::new(
+                api.clone(),
+                self.pods.clone(),
+                node.node_name.clone(),
+                self.node.clone(),
+                Arc::clone(&self.mirrors_changed),
+            )
+            .run(),
+        );
+    }
+
     fn dispatch(&self, pod: Pod, update_type: UpdateType) {
         self.workers.update_pod(UpdatePodOptions {
             pod,
@@ -264,11 +343,24 @@ impl Kubelet {
         tracing::debug!(op = ?update.op, source = %update.source, pods = update.pods.len(), "pod config update");
         for pod in update.pods {
             let Some(uid) = pod_uid(&pod) else { continue };
+            if is_mirror_pod(&pod) {
+                // A mirror only carries its static pod's status; it never runs.
+                if update.op == PodOperation::Remove {
+                    self.pods.remove_pod(&pod);
+                } else {
+                    self.pods.upsert(pod);
+                    // A new mirror waits for its static pod's status.
+                    self.status.changed().notify_one();
+                }
+                continue;
+            }
             match update.op {
-                PodOperation::Add => {
+                // A pod first seen already being deleted (deleted while the agent was down) is
+                // stopped like any other deleted pod.
+                PodOperation::Add if pod.metadata.deletion_timestamp.is_none() => {
                     self.pods.upsert(pod.clone());
-                    if let Some(message) = self.admission_failure() {
-                        self.reject(&pod, "OutOfpods", &message);
+                    if let Some(rejection) = self.admission_failure(&pod) {
+                        self.reject(&pod, &rejection);
                     } else {
                         self.dispatch(pod, UpdateType::Create);
                     }
@@ -287,7 +379,7 @@ impl Kubelet {
                         pod_removed: true,
                     });
                 }
-                PodOperation::Delete => {
+                PodOperation::Add | PodOperation::Delete => {
                     let grace = pod.metadata.deletion_grace_period_seconds;
                     self.pods.upsert(pod.clone());
                     self.workers.update_pod(UpdatePodOptions {
@@ -299,26 +391,34 @@ impl Kubelet {
                 }
             }
         }
+        self.mirrors_changed.notify_one();
         self.housekeeping.request_gc();
     }
 
-    /// The kubelet's max-pods admission check, counting pods whose workers are still active.
-    fn admission_failure(&self) -> Option<String> {
-        let active = self
+    /// The kubelet's admission (`canAdmitPod` with the predicate handler) against the Node as last
+    /// computed, counting the pods whose workers are still active. Before the first Node is
+    /// computed only the pod count is checked.
+    fn admission_failure(&self, pod: &Pod) -> Option<Rejection> {
+        let uid = pod_uid(pod);
+        let active: Vec<Pod> = self
             .pods
-            .uids()
-            .iter()
-            .filter(|uid| self.workers.is_pod_active(uid))
-            .count();
-        (active >= self.settings.max_pods).then(|| {
-            format!(
-                "node has reached its pod limit of {} (maxPods)",
-                self.settings.max_pods
-            )
+            .pods()
+            .into_iter()
+            .filter(|other| pod_uid(other) != uid)
+            .filter(|other| pod_uid(other).is_some_and(|u| self.workers.is_pod_active(&u)))
+            .collect();
+        if let Some(node) = self.node.borrow().as_ref() {
+            return admit(node, &active, pod).err();
+        }
+        let max_pods = self.settings.node.max_pods;
+        (active.len() >= usize::try_from(max_pods).unwrap_or(usize::MAX)).then(|| Rejection {
+            reason: "OutOfpods".to_owned(),
+            message: format!("node has reached its pod limit of {max_pods} (maxPods)"),
         })
     }
 
-    fn reject(&self, pod: &Pod, reason: &str, message: &str) {
+    /// The kubelet's `rejectPod`: a Warning event and phase Failed with the reason.
+    fn reject(&self, pod: &Pod, rejection: &Rejection) {
         self.recorder.event(
             EventType::Warning,
             format!(
@@ -326,15 +426,15 @@ impl Kubelet {
                 pod.metadata.namespace.as_deref().unwrap_or_default(),
                 pod.metadata.name.as_deref().unwrap_or_default()
             ),
-            reason,
-            message,
+            &rejection.reason,
+            rejection.message.clone(),
         );
         self.status.set_pod_status(
             pod,
             ApiPodStatus {
                 phase: Some("Failed".to_owned()),
-                reason: Some(reason.to_owned()),
-                message: Some(message.to_owned()),
+                reason: Some(rejection.reason.clone()),
+                message: Some(format!("Pod was rejected: {}", rejection.message)),
                 ..ApiPodStatus::default()
             },
         );

@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use crate::container::Runtime;
@@ -14,6 +15,8 @@ struct State {
     runtime_error: Option<String>,
     network_error: Option<String>,
     sync_loop_seen: Option<Instant>,
+    /// When the runtime last reported itself ready (the kubelet's `lastBaseRuntimeSync`).
+    last_runtime_sync: Option<Timestamp>,
 }
 
 /// Cloneable handle to the runtime state.
@@ -39,6 +42,11 @@ impl RuntimeState {
     /// Why pod networking is not ready, if it is not (host-network pods still start).
     pub fn network_error(&self) -> Option<String> {
         self.lock().network_error.clone()
+    }
+
+    /// When the runtime last answered `Status` with `RuntimeReady` true.
+    pub fn last_runtime_sync(&self) -> Option<Timestamp> {
+        self.lock().last_runtime_sync
     }
 
     pub fn mark_sync_loop_seen(&self) {
@@ -68,6 +76,9 @@ impl RuntimeState {
             }
         };
         let mut state = self.lock();
+        if runtime_error.is_none() {
+            state.last_runtime_sync = Some(crate::status::wall_clock_now());
+        }
         if state.runtime_error != runtime_error {
             if let Some(err) = &runtime_error {
                 tracing::warn!("{err}");
@@ -82,7 +93,11 @@ impl RuntimeState {
     /// Marks the runtime unavailable until the first `Status` answer.
     pub fn new_unknown() -> Self {
         let state = Self::default();
-        state.lock().runtime_error = Some("container runtime status not checked yet".to_owned());
+        let mut inner = state.lock();
+        inner.runtime_error =
+            Some("container runtime status check may not have completed yet".to_owned());
+        inner.network_error = Some("network state unknown".to_owned());
+        drop(inner);
         state
     }
 }

@@ -87,7 +87,14 @@ fn since_first_seen(pod: &Pod, now: SystemTime) -> Option<Duration> {
 }
 
 impl KubeletSyncer {
-    fn update_status(&self, pod: &Pod, runtime_status: &PodStatus) -> Option<String> {
+    /// Generates and stores the pod's API status; `pod_is_terminal` once the pod has been stopped
+    /// for good. Returns the phase.
+    fn update_status(
+        &self,
+        pod: &Pod,
+        runtime_status: &PodStatus,
+        pod_is_terminal: bool,
+    ) -> Option<String> {
         let uid = uid_of(pod);
         let previous = self.status.get_pod_status(&uid);
         let api_status = generate_api_pod_status(
@@ -96,6 +103,7 @@ impl KubeletSyncer {
             &self.reasons,
             previous.as_ref(),
             &self.host_ip,
+            pod_is_terminal,
         );
         let phase = api_status.phase.clone();
         if self.status.set_pod_status(pod, api_status) {
@@ -119,7 +127,7 @@ impl PodSyncer for KubeletSyncer {
         status: &PodStatus,
         update_type: UpdateType,
     ) -> Result<bool, SyncError> {
-        let phase = self.update_status(pod, status);
+        let phase = self.update_status(pod, status, false);
         if is_terminal_phase(phase.as_deref()) {
             return Ok(true);
         }
@@ -204,7 +212,7 @@ impl PodSyncer for KubeletSyncer {
     ) -> Result<(), SyncError> {
         let uid = uid_of(pod);
         if !pod_removed {
-            self.update_status(pod, status);
+            self.update_status(pod, status, true);
         }
         self.pod_cgroups
             .destroy(&uid, qos_class(pod))

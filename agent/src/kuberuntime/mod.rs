@@ -30,8 +30,8 @@ pub use backoff::BackOff;
 pub use cri::{CriClient, CriError};
 
 use crate::container::{
-    ContainerId, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime, RuntimeCondition,
-    RuntimeError, RuntimeStatus,
+    ContainerId, ImageInfo, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
+    RuntimeCondition, RuntimeError, RuntimeStatus,
 };
 use crate::events::{EventType, Recorder};
 
@@ -154,7 +154,20 @@ impl KubeGenericRuntimeManager {
 impl Runtime for KubeGenericRuntimeManager {
     async fn version(&self) -> Result<String, RuntimeError> {
         let v = self.cri.version().await?;
-        Ok(format!("{} {}", v.runtime_name, v.runtime_version))
+        Ok(format!("{}://{}", v.runtime_name, v.runtime_version))
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageInfo>, RuntimeError> {
+        let images = self.cri.list_images(None).await?;
+        Ok(images
+            .into_iter()
+            .map(|image| ImageInfo {
+                id: image.id,
+                repo_tags: image.repo_tags,
+                repo_digests: image.repo_digests,
+                size_bytes: image.size,
+            })
+            .collect())
     }
 
     async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {

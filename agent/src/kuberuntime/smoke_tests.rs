@@ -217,7 +217,13 @@ async fn runs_adopts_backs_off_kills_and_collects_a_pod() {
     );
     let root = tempfile::tempdir().unwrap();
     let manager = manager(root.path());
-    assert!(manager.version().await.unwrap().starts_with("containerd"));
+    assert!(
+        manager
+            .version()
+            .await
+            .unwrap()
+            .starts_with("containerd://")
+    );
 
     let uid = PodUid::from(format!("smoke-{}", std::process::id()));
     let pod = Pod {

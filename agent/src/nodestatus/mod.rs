@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, NodeSystemInfo};
 use k8s_openapi::jiff::Timestamp;
 
+pub use crate::container::ImageInfo;
 use crate::events::EventType;
 use crate::stats::StatsError;
 
@@ -68,15 +69,6 @@ pub struct NodeFacts<'a> {
     /// `nodeStatusMaxImages`: at most this many images are reported, all of them when -1.
     pub max_images: i32,
     pub health: NodeHealth,
-}
-
-/// One image as the runtime's `ListImages` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageInfo {
-    pub id: String,
-    pub repo_tags: Vec<String>,
-    pub repo_digests: Vec<String>,
-    pub size_bytes: u64,
 }
 
 /// What decides the node's conditions.

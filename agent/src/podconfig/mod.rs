@@ -1,9 +1,10 @@
 //! Pod configuration: the sources that tell the agent which pods should run on this node (a manifest
-//! directory, a manifest URL; the API server later) and the merger that turns each source's full
+//! directory, a manifest URL, the API server) and the merger that turns each source's full
 //! current set into minimal, ordered ADD / UPDATE / REMOVE / RECONCILE / DELETE notifications.
 //! Corresponds to the kubelet's `pkg/kubelet/config` (`PodConfig`, `podStorage` in incremental mode,
 //! `sourceFile`, `sourceURL`, `applyDefaults`) and `SourcesReady`.
 
+mod apiserver;
 mod file;
 mod http;
 mod manifest;
@@ -20,9 +21,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
+use crate::apiserver::ApiClient;
 use crate::error_chain::error_chain;
 use crate::events::{EventType, Recorder};
 
+use apiserver::ApiServerSource;
 use file::FileSource;
 use http::HttpSource;
 use storage::PodStorage;
@@ -121,6 +124,8 @@ pub struct PodConfigOptions {
     pub manifest_url: Option<String>,
     pub manifest_url_headers: HashMap<String, Vec<String>>,
     pub http_check_frequency: Duration,
+    /// The API server, whose pods bound to this node are the third source.
+    pub api_server: Option<ApiClient>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -307,7 +312,7 @@ pub fn start(
         match HttpSource::new(
             &url,
             &options.manifest_url_headers,
-            options.node_name,
+            options.node_name.clone(),
             recorder.clone(),
         ) {
             Ok(source) => {
@@ -322,6 +327,12 @@ pub fn start(
                 error_chain(&err),
             ),
         }
+    }
+
+    if let Some(client) = options.api_server {
+        expected.push(PodSource::ApiServer);
+        let source = ApiServerSource::new(client, options.node_name);
+        tokio::spawn(source.run(set_tx.clone()));
     }
 
     let ready = SourcesReady::new(&expected, update_tx.clone());
@@ -376,6 +387,7 @@ mod tests {
             manifest_url: None,
             manifest_url_headers: HashMap::new(),
             http_check_frequency: Duration::from_secs(20),
+            api_server: None,
         }
     }
 

@@ -271,7 +271,7 @@ pub(super) struct SwapUsage {
 
 /// Size and inode counts of the filesystem holding a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FsUsage {
+pub(crate) struct FsUsage {
     pub capacity: u64,
     pub available: u64,
     pub used: u64,
@@ -280,7 +280,7 @@ pub(super) struct FsUsage {
 }
 
 /// `statvfs(2)` on `path`.
-pub(super) fn fs_usage(path: &Path) -> Result<FsUsage, StatsError> {
+pub(crate) fn fs_usage(path: &Path) -> Result<FsUsage, StatsError> {
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| StatsError::Statvfs {
         path: path.to_owned(),
         source: io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),

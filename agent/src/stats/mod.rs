@@ -17,7 +17,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use cgroup::CgroupLayout;
-pub(crate) use host::read_key_values;
+pub(crate) use host::{fs_usage, read_key_values};
 pub use provider::{
     Clock, ContainerStatsInput, PodStatsInput, StatsProvider, StatsSettings, SystemClock,
     timestamp_from_unix_nanos,

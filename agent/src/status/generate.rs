@@ -36,19 +36,30 @@ const KUBELET_CONDITIONS: [&str; 5] = [
 /// The API status of `pod` given what the runtime reports for it, the start failures in `reasons`
 /// and the previously generated status (`previous`, whose start time, terminal phase, condition
 /// transition times and foreign conditions are kept). `host_ip` is the node's IP; host-network pods
-/// report it as their pod IP.
+/// report it as their pod IP. `pod_is_terminal`: the pod has been stopped for good (deleted, or it
+/// finished), so containers that are all stopped make a terminal phase even under
+/// `restartPolicy: Always`.
 pub fn generate_api_pod_status(
     pod: &Pod,
     runtime: &PodStatus,
     reasons: &ReasonCache,
     previous: Option<&ApiPodStatus>,
     host_ip: &str,
+    pod_is_terminal: bool,
 ) -> ApiPodStatus {
-    generate_at(pod, runtime, reasons, previous, host_ip, wall_clock_now())
+    generate_at(
+        pod,
+        runtime,
+        reasons,
+        previous,
+        host_ip,
+        pod_is_terminal,
+        wall_clock_now(),
+    )
 }
 
 /// The wall-clock time (jiff's own `now` needs a feature k8s-openapi does not enable).
-fn wall_clock_now() -> Timestamp {
+pub fn wall_clock_now() -> Timestamp {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -64,6 +75,7 @@ fn generate_at(
     reasons: &ReasonCache,
     previous: Option<&ApiPodStatus>,
     host_ip: &str,
+    pod_is_terminal: bool,
     now: Timestamp,
 ) -> ApiPodStatus {
     let empty = PodSpec::default();
@@ -93,7 +105,9 @@ fn generate_at(
         .map(|c| context.container_status(c, app_kind))
         .collect();
 
-    let mut phase = get_phase(spec, &init_statuses, &app_statuses);
+    // Static pods keep their phase when stopped (the kubelet's TerminatePod leaves them alone).
+    let terminal = pod_is_terminal && !crate::podconfig::is_static_pod(pod);
+    let mut phase = get_phase(spec, &init_statuses, &app_statuses, terminal);
     // A terminal phase is final: containers of a finished pod may be removed, which must not bring
     // the pod back to Pending.
     if let Some(old) = previous.and_then(|p| p.phase.as_deref())
@@ -366,6 +380,7 @@ fn get_phase(
     spec: &PodSpec,
     init: &[ApiContainerStatus],
     app: &[ApiContainerStatus],
+    pod_is_terminal: bool,
 ) -> &'static str {
     let mut pending_init = 0;
     let mut failed_init = 0;
@@ -434,16 +449,20 @@ fn get_phase(
         return RUNNING;
     }
     if running == 0 && stopped > 0 && unknown == 0 {
-        if policy == "Always" {
+        if policy == "Always" && !pod_is_terminal {
             return RUNNING;
         }
         if stopped == succeeded {
             return SUCCEEDED;
         }
-        if policy == "Never" {
+        if policy == "Never" || pod_is_terminal {
             return FAILED;
         }
         return RUNNING;
+    }
+    // A stopped pod whose containers never all ran (or are gone) has failed.
+    if pod_is_terminal && running == 0 {
+        return FAILED;
     }
     PENDING
 }
@@ -710,7 +729,7 @@ mod tests {
     }
 
     fn generate(pod: &Pod, rt: &PodStatus, reasons: &ReasonCache) -> ApiPodStatus {
-        generate_at(pod, rt, reasons, None, "192.168.1.10", at(1_000))
+        generate_at(pod, rt, reasons, None, "192.168.1.10", false, at(1_000))
     }
 
     fn fail_start(reasons: &ReasonCache, name: &str, reason: &str) {
@@ -1015,6 +1034,7 @@ mod tests {
             &reasons,
             None,
             "192.168.1.10",
+            false,
             at(100),
         );
         assert!(
@@ -1034,6 +1054,7 @@ mod tests {
             &reasons,
             Some(&first),
             "192.168.1.10",
+            false,
             at(200),
         );
         assert_eq!(same, first, "an unchanged pod regenerates the same status");
@@ -1044,6 +1065,7 @@ mod tests {
             &reasons,
             Some(&first),
             "192.168.1.10",
+            false,
             at(300),
         );
         assert_eq!(cond(&second, READY).status, "True");
@@ -1094,6 +1116,7 @@ mod tests {
             &reasons,
             Some(&previous),
             "192.168.1.10",
+            false,
             at(5_000),
         );
         assert_eq!(

@@ -1,8 +1,11 @@
-//! The status manager in standalone mode (the kubelet's `status.manager` without an API client):
-//! the latest API status of every pod, versioned so readers can tell whether it changed.
+//! The status manager's store (the kubelet's `status.manager`): the latest API status of every pod,
+//! versioned so readers can tell whether it changed. With an API server, [`super::StatusSyncer`]
+//! writes changed versions back to it; it is woken through [`StatusManager::changed`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Notify;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 
@@ -17,6 +20,7 @@ struct Versioned {
 #[derive(Clone, Default)]
 pub struct StatusManager {
     pods: Arc<Mutex<HashMap<PodUid, Versioned>>>,
+    changed: Arc<Notify>,
 }
 
 impl StatusManager {
@@ -51,13 +55,28 @@ impl StatusManager {
                 }
                 old.status = status;
                 old.version += 1;
+                self.changed.notify_one();
                 true
             }
             None => {
                 pods.insert(uid, Versioned { status, version: 1 });
+                self.changed.notify_one();
                 true
             }
         }
+    }
+
+    /// Notified whenever a stored status changes (many changes may wake the waiter once).
+    pub fn changed(&self) -> Arc<Notify> {
+        Arc::clone(&self.changed)
+    }
+
+    /// Every pod's status and version.
+    pub fn snapshot(&self) -> Vec<(PodUid, ApiPodStatus, u64)> {
+        self.lock()
+            .iter()
+            .map(|(uid, v)| (uid.clone(), v.status.clone(), v.version))
+            .collect()
     }
 
     /// The latest status of the pod.

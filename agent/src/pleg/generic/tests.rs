@@ -45,7 +45,11 @@ impl FakeRuntime {
 #[async_trait]
 impl Runtime for FakeRuntime {
     async fn version(&self) -> Result<String, RuntimeError> {
-        Ok("fake 0".to_owned())
+        Ok("fake://0".to_owned())
+    }
+
+    async fn list_images(&self) -> Result<Vec<crate::container::ImageInfo>, RuntimeError> {
+        Ok(Vec::new())
     }
 
     async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
