@@ -235,8 +235,14 @@ fn merge_pod_status(api: Option<&ApiPodStatus>, ours: &ApiPodStatus) -> ApiPodSt
 /// Whether the API server's status says what ours says, as far as the kubelet owns it.
 fn status_equal(api: Option<&ApiPodStatus>, ours: &ApiPodStatus) -> bool {
     let merged = merge_pod_status(api, ours);
-    let comparable =
-        |status: Option<&ApiPodStatus>| serde_json::to_value(status).ok().and_then(normalize);
+    // Condition order carries no meaning.
+    let comparable = |status: Option<&ApiPodStatus>| {
+        let mut status = status.cloned();
+        if let Some(conditions) = status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+        }
+        serde_json::to_value(status).ok().and_then(normalize)
+    };
     comparable(api) == comparable(Some(&merged))
 }
 
