@@ -20,6 +20,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
 pub mod cluster;
+pub mod cluster_node;
+pub mod daemon;
 
 pub use cluster::{Cluster, require_cluster};
 
@@ -28,6 +30,13 @@ pub const IO_ENGINE_ENV: &str = "RINGLET_E2E_IO_ENGINE";
 
 /// The containerd socket the lab starts.
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+/// Where `cargo xtask lab` keeps containerd's configuration, log and pid file.
+pub const LAB_DIR: &str = "/var/lib/ringlet-lab";
+
+/// The lab's containerd, as `cargo xtask lab up` started it.
+pub fn lab_containerd() -> daemon::Daemon {
+    daemon::Daemon::new("containerd", LAB_DIR)
+}
 
 /// Whether the privileged suite can run here; `None` when it can, else why not.
 fn missing_prerequisite() -> Option<String> {
@@ -257,6 +266,11 @@ pub struct AgentOptions {
     pub manifest_url: Option<String>,
     /// Extra flags.
     pub args: Vec<String>,
+    /// The node name instead of `e2e-<test>`.
+    pub node: Option<String>,
+    /// `--client-ca-file` instead of the test's own client CA (e.g. the cluster's, whose
+    /// certificates the API server presents when it forwards `kubectl logs` and `exec`).
+    pub client_ca_file: Option<PathBuf>,
 }
 
 /// A running `ringlet` with its own directories and ports. Dropping it removes its manifests, waits
@@ -271,6 +285,7 @@ pub struct Agent {
     pub api_port: u16,
     options_args: Vec<String>,
     wrapper: Vec<String>,
+    client_ca_file: PathBuf,
 }
 
 impl Agent {
@@ -297,7 +312,10 @@ impl Agent {
     pub fn start_wrapped(test: &str, options: AgentOptions, wrapper: &[&str]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("ringlet-e2e-").tempdir()?;
         fs::create_dir_all(dir.path().join("manifests"))?;
-        let node = format!("e2e-{}", test.replace('_', "-"));
+        let node = options
+            .node
+            .clone()
+            .unwrap_or_else(|| format!("e2e-{}", test.replace('_', "-")));
         let mut args = vec![
             "--pod-manifest-path".to_owned(),
             dir.path().join("manifests").display().to_string(),
@@ -319,8 +337,13 @@ impl Agent {
             args.extend(["--io-engine".to_owned(), engine]);
         }
         args.extend(options.args);
+        let client_ca_file = options
+            .client_ca_file
+            .clone()
+            .unwrap_or_else(|| ClientIdentity::ca_file(dir.path()));
         let mut agent = Self {
             child: None,
+            client_ca_file,
             dir,
             node,
             read_only_port: free_port()?,
@@ -364,9 +387,7 @@ impl Agent {
                 "--address",
                 "127.0.0.1",
                 "--client-ca-file",
-                &ClientIdentity::ca_file(self.dir.path())
-                    .display()
-                    .to_string(),
+                &self.client_ca_file.display().to_string(),
                 "--container-runtime-endpoint",
                 &format!("unix://{CONTAINERD_SOCKET}"),
                 "--events-socket",
@@ -515,16 +536,20 @@ impl Agent {
         Ok(list["items"].as_array().cloned().unwrap_or_default())
     }
 
-    /// The pod called `<name>-<node>` on `/pods`, if present.
+    /// The static pod called `<name>-<node>` on `/pods`, if present.
     pub fn pod(&self, name: &str) -> Option<Value> {
-        let full = format!("{name}-{}", self.node);
+        self.pod_named(&format!("{name}-{}", self.node))
+    }
+
+    /// The pod called exactly `name` on `/pods` (an API server pod), if present.
+    pub fn pod_named(&self, name: &str) -> Option<Value> {
         self.pods()
             .ok()?
             .into_iter()
-            .find(|p| p["metadata"]["name"] == full.as_str())
+            .find(|p| p["metadata"]["name"] == name)
     }
 
-    /// Waits until `check` accepts the pod's `/pods` entry, and returns it.
+    /// Waits until `check` accepts the static pod's `/pods` entry, and returns it.
     pub fn wait_pod(
         &self,
         name: &str,
@@ -532,8 +557,19 @@ impl Agent {
         timeout: Duration,
         check: impl Fn(&Value) -> bool,
     ) -> Result<Value> {
+        self.wait_pod_named(&format!("{name}-{}", self.node), what, timeout, check)
+    }
+
+    /// [`Agent::wait_pod`] for a pod called exactly `name` (an API server pod).
+    pub fn wait_pod_named(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
         wait_for(&format!("pod {name}: {what}"), timeout, || {
-            self.pod(name).filter(|p| check(p))
+            self.pod_named(name).filter(|p| check(p))
         })
         .with_context(|| format!("agent log:\n{}", tail(&self.log(), 60)))
     }
@@ -601,6 +637,21 @@ pub fn phase(pod: &Value) -> &str {
 
 /// Ids of the containerd containers (sandboxes included) whose pod name ends with `-<node>`.
 pub fn containers_of_node(node: &str) -> Result<Vec<String>> {
+    let suffix = format!("-{node}");
+    containers_labelled(|labels| {
+        labels["io.kubernetes.pod.name"]
+            .as_str()
+            .is_some_and(|name| name.ends_with(&suffix))
+    })
+}
+
+/// Ids of the containerd containers (sandboxes included) of pods in namespace `namespace`.
+pub fn containers_of_namespace(namespace: &str) -> Result<Vec<String>> {
+    containers_labelled(|labels| labels["io.kubernetes.pod.namespace"] == namespace)
+}
+
+/// Ids of the containerd containers whose labels `wanted` accepts.
+fn containers_labelled(wanted: impl Fn(&Value) -> bool) -> Result<Vec<String>> {
     let out = Command::new("ctr")
         .args([
             "--address",
@@ -615,7 +666,6 @@ pub fn containers_of_node(node: &str) -> Result<Vec<String>> {
     if !out.status.success() {
         bail!("ctr containers ls failed");
     }
-    let suffix = format!("-{node}");
     let mut ids = Vec::new();
     for id in String::from_utf8_lossy(&out.stdout).lines() {
         let info = Command::new("ctr")
@@ -632,10 +682,7 @@ pub fn containers_of_node(node: &str) -> Result<Vec<String>> {
         let Ok(info): Result<Value, _> = serde_json::from_slice(&info.stdout) else {
             continue;
         };
-        let name = info["Labels"]["io.kubernetes.pod.name"]
-            .as_str()
-            .unwrap_or_default();
-        if name.ends_with(&suffix) {
+        if wanted(&info["Labels"]) {
             ids.push(id.to_owned());
         }
     }

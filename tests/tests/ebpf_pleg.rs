@@ -57,8 +57,8 @@ fn ebpf_agent(test: &str, extra: &[&str]) -> Result<Agent> {
     let agent = Agent::start(
         test,
         AgentOptions {
-            manifest_url: None,
             args,
+            ..AgentOptions::default()
         },
     )?;
     let mode = agent.metric(r#"ringlet_pleg_mode{mode="ebpf"}"#)?;
@@ -405,11 +405,11 @@ fn without_bpffs_the_agent_says_why_and_runs_the_relist_pleg() -> Result<()> {
     let agent = Agent::start_wrapped(
         "ebpf-fallback",
         AgentOptions {
-            manifest_url: None,
             args: vec![
                 "--pleg-mode=ebpf".to_owned(),
                 "--pleg-relist-period=1s".to_owned(),
             ],
+            ..AgentOptions::default()
         },
         &[
             "unshare",
@@ -460,8 +460,8 @@ fn relist_mode_loads_no_programs() -> Result<()> {
     let agent = Agent::start(
         "ebpf-relist",
         AgentOptions {
-            manifest_url: None,
             args: vec!["--pleg-mode=relist".to_owned()],
+            ..AgentOptions::default()
         },
     )?;
     assert_eq!(agent.metric(r#"ringlet_pleg_mode{mode="relist"}"#)?, 1);

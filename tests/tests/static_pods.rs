@@ -355,7 +355,7 @@ fn the_manifest_url_source_runs_and_removes_pods() -> Result<()> {
         "url",
         AgentOptions {
             manifest_url: Some(format!("http://127.0.0.1:{}/pods.yaml", server.port)),
-            args: Vec::new(),
+            ..AgentOptions::default()
         },
     )?;
     let pod = agent.wait_pod("remote", "running", START, |p| running(p, "main"))?;

@@ -75,7 +75,7 @@ impl Agent {
         if std::mem::replace(&mut self.stopped, true) {
             return;
         }
-        cmd::signal(self.child.id(), libc::SIGTERM);
+        ringlet_tests::daemon::signal(self.child.id(), libc::SIGTERM);
         let deadline = Instant::now() + STOP_TIMEOUT;
         while Instant::now() < deadline {
             if !matches!(self.child.try_wait(), Ok(None)) {
@@ -340,7 +340,7 @@ pub fn time_exits(
             continue;
         };
         let killed = Instant::now();
-        if !cmd::signal(pid, libc::SIGKILL) {
+        if !ringlet_tests::daemon::signal(pid, libc::SIGKILL) {
             bail!(
                 "killing pid {pid} of {name}: {}",
                 std::io::Error::last_os_error()

@@ -24,8 +24,8 @@ use ringlet_tests::cluster::{
 };
 use serde_json::json;
 
-use crate::daemon::Daemon;
 use crate::{cmd, http, workspace_root};
+use ringlet_tests::daemon::Daemon;
 
 /// etcd's client and peer ports on 127.0.0.1: not etcd's defaults (2379, 2380), so an etcd that
 /// Debian's package or anyone else started cannot collide with ours.

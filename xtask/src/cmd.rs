@@ -1,5 +1,5 @@
-//! Running external programs with errors that name the command that failed, signalling processes,
-//! and checking that we run as root.
+//! Running external programs with errors that name the command that failed, and checking that we
+//! run as root.
 
 use std::process::{Command, Stdio};
 
@@ -37,15 +37,6 @@ pub fn succeeds(cmd: &mut Command) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-/// Sends `sig` to process `pid`; says whether it was delivered.
-pub fn signal(pid: u32, sig: i32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-    unsafe { libc::kill(pid, sig) == 0 }
 }
 
 /// Fails unless we run as root; `what` names what needs it ("the lab").

@@ -11,13 +11,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::cmd;
-use crate::daemon::Daemon;
 use crate::oci::{self, ImageSpec, Layer};
 
-/// Where the lab keeps its configuration, log, pid file, images and build outputs.
-pub const LAB_DIR: &str = "/var/lib/ringlet-lab";
 /// containerd's standard socket, the agent's default `--container-runtime-endpoint`.
-pub const SOCKET: &str = "/run/containerd/containerd.sock";
+pub use ringlet_tests::CONTAINERD_SOCKET as SOCKET;
+/// Where the lab keeps its configuration, log, pid file, images and build outputs.
+pub use ringlet_tests::LAB_DIR;
 pub const BUSYBOX_REFS: &[&str] = &[
     "docker.io/library/busybox:latest",
     "docker.io/library/busybox:1.35",
@@ -43,8 +42,6 @@ const PACKAGES: &[&str] = &[
     // not, and the control plane's own etcd listens elsewhere either way.
     "etcd-server",
 ];
-/// The containerd that `lab up` starts: log and pid file in the lab directory.
-const CONTAINERD: Daemon = Daemon::new("containerd", LAB_DIR);
 const CNI_CONFLIST: &str = "/etc/cni/net.d/10-ringlet-lab.conflist";
 const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);
 const CONTAINERD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -85,7 +82,7 @@ pub fn up() -> Result<()> {
 
 pub fn down() -> Result<()> {
     cmd::ensure_root("the lab")?;
-    match CONTAINERD.stop(CONTAINERD_STOP_TIMEOUT)? {
+    match ringlet_tests::lab_containerd().stop(CONTAINERD_STOP_TIMEOUT)? {
         Some(pid) => println!(
             "containerd {pid} stopped; running pods keep their shims and are picked up again by the next `lab up`"
         ),
@@ -119,7 +116,7 @@ pub fn status() -> Result<()> {
         "MISSING"
     };
     println!("CNI config {CNI_CONFLIST}: {cni}");
-    match CONTAINERD.running_pid()? {
+    match ringlet_tests::lab_containerd().running_pid()? {
         Some(pid) => println!("containerd started by `lab up`: pid {pid}"),
         None => println!("containerd started by `lab up`: none"),
     }
@@ -411,7 +408,7 @@ pub fn containerd_answers() -> bool {
 }
 
 fn start_containerd(config: &Path) -> Result<()> {
-    CONTAINERD.start(
+    ringlet_tests::lab_containerd().start(
         Path::new("containerd"),
         &["--config".to_owned(), config.display().to_string()],
         containerd_answers,

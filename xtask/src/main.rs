@@ -6,7 +6,6 @@ mod bench;
 mod benchkit;
 mod cluster;
 mod cmd;
-mod daemon;
 mod demo;
 mod http;
 mod io_bench;

@@ -1,7 +1,8 @@
 //! Daemons the xtask starts and leaves running (the lab's containerd, the control plane's etcd and
 //! kube-apiserver): detached from our session with `setsid`, with a log and a pid file in their
 //! owner's state directory, found again through the pid file, and stopped with SIGTERM (SIGKILL
-//! when that is ignored).
+//! when that is ignored). Shared by the xtask and the fault tests, which stop a daemon and start it
+//! again with the command line it ran with.
 
 use std::fs;
 use std::io::Write;
@@ -10,8 +11,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-
-use crate::cmd;
 
 /// How many log lines an error about a daemon that did not come up quotes.
 const LOG_TAIL_LINES: usize = 30;
@@ -144,20 +143,36 @@ impl Daemon {
             return Ok(None);
         };
         let name = self.program;
-        if !cmd::signal(pid, libc::SIGTERM) {
+        if !signal(pid, libc::SIGTERM) {
             bail!("stopping {name} {pid}: {}", std::io::Error::last_os_error());
         }
         let deadline = Instant::now() + timeout;
         while process_alive(pid) {
             if Instant::now() > deadline {
                 println!("{name} {pid} ignored SIGTERM for {timeout:?}: killing it");
-                cmd::signal(pid, libc::SIGKILL);
+                signal(pid, libc::SIGKILL);
                 break;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         remove_if_exists(&self.pid_path())?;
         Ok(Some(pid))
+    }
+
+    /// The running daemon's command line (binary first), read from `/proc`; `None` when it does
+    /// not run.
+    pub fn command_line(&self) -> Result<Option<Vec<String>>> {
+        let Some(pid) = self.running_pid()? else {
+            return Ok(None);
+        };
+        let raw = fs::read(format!("/proc/{pid}/cmdline"))
+            .with_context(|| format!("reading the command line of {} {pid}", self.program))?;
+        Ok(Some(
+            raw.split(|b| *b == 0)
+                .filter(|part| !part.is_empty())
+                .map(|part| String::from_utf8_lossy(part).into_owned())
+                .collect(),
+        ))
     }
 
     /// The last lines the latest start logged.
@@ -169,6 +184,15 @@ impl Daemon {
         let lines: Vec<&str> = latest.lines().collect();
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
     }
+}
+
+/// Sends `signal` to `pid`; whether it was delivered.
+pub fn signal(pid: u32, signal: i32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill has no memory-safety preconditions; the pid came from our own pid file.
+    unsafe { libc::kill(pid, signal) == 0 }
 }
 
 fn process_alive(pid: u32) -> bool {
