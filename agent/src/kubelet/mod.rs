@@ -22,7 +22,7 @@ use tokio::time::MissedTickBehavior;
 use crate::cm::PodContainerManager;
 use crate::container::{PodCache, Runtime};
 use crate::event_stream::EventBroadcaster;
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::pleg::{
     GenericPleg, HintChannel, LatencyTracker, PlegHandle, PlegOptions, PodLifecycleEvent,
@@ -319,16 +319,8 @@ impl Kubelet {
     }
 
     fn reject(&self, pod: &Pod, reason: &str, message: &str) {
-        self.recorder.event(
-            EventType::Warning,
-            format!(
-                "pod/{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                pod.metadata.name.as_deref().unwrap_or_default()
-            ),
-            reason,
-            message,
-        );
+        self.recorder
+            .event(EventType::Warning, EventObject::pod(pod), reason, message);
         self.status.set_pod_status(
             pod,
             ApiPodStatus {

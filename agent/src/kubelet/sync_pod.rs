@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{PodStatus, PodUid, Runtime};
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::pleg::LatencyTracker;
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
@@ -155,7 +155,7 @@ impl PodSyncer for KubeletSyncer {
                 };
                 self.recorder.event(
                     EventType::Warning,
-                    pod_object(pod),
+                    EventObject::pod(pod),
                     reason,
                     format!("{}: {}", failure.reason, failure.message),
                 );
@@ -188,7 +188,7 @@ impl PodSyncer for KubeletSyncer {
                 })?;
             self.recorder.event(
                 EventType::Normal,
-                pod_object(pod),
+                EventObject::pod(pod),
                 "Killing",
                 "stopped the pod's containers",
             );

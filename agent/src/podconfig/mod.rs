@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
 use crate::error_chain::error_chain;
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 
 use file::FileSource;
 use http::HttpSource;
@@ -317,7 +317,7 @@ pub fn start(
             // a restart are not treated as orphans.
             Err(err) => recorder.event(
                 EventType::Warning,
-                format!("http/{url}"),
+                EventObject::local(format!("http/{url}")),
                 REASON_FAILED_TO_FETCH_MANIFEST,
                 error_chain(&err),
             ),
