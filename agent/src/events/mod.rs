@@ -2,7 +2,7 @@
 //! every event is logged, kept in a bounded in-memory ring for the HTTP API, appended as a JSON
 //! line to `<root-dir>/events.log` (so standalone mode, without an API server, keeps a record),
 //! and, once [`Recorder::connect`] has run, sent to the API server as a core/v1 Event, aggregated,
-//! deduplicated and rate-limited like client-go's recorder ([`correlator`], [`sink`]), so a crash
+//! deduplicated and rate-limited like client-go's recorder (`correlator`, `sink`), so a crash
 //! loop cannot flood the API server.
 //!
 //! Exported for the agent's wiring:
@@ -11,9 +11,10 @@
 //!   current tokio runtime (call it once, inside the runtime, when the API client exists; pass the
 //!   kubelet configuration's `eventRecordQPS` and `eventBurst`). Events recorded before it are
 //!   logged only.
-//! - [`Recorder::event`]`(type, object, reason, message)` never blocks: it hands API events to the
-//!   sink through a channel of [`QUEUE_CAPACITY`] and drops (counted, see
-//!   [`Recorder::dropped_events`]) when the sink is that far behind.
+//! - [`Recorder::event`]`(type, object, reason, message)` never waits for the API server: it hands
+//!   API events to the sink through a channel of [`QUEUE_CAPACITY`] and drops them (counted, see
+//!   [`Recorder::dropped_events`]) when the sink is that far behind. (The `events.log` append is
+//!   still a small synchronous write, as before.)
 //! - [`EventObject`] says what an event is about: [`EventObject::pod`],
 //!   [`EventObject::container`] (fieldPath `spec.containers{name}`), [`EventObject::node`], or
 //!   [`EventObject::local`] for things that are no API object (manifest files and URLs), which
@@ -153,7 +154,7 @@ impl Recorder {
         Ok(())
     }
 
-    /// Records an event about `object`. Never blocks or waits.
+    /// Records an event about `object`. Never waits for the API server.
     pub fn event(
         &self,
         event_type: EventType,
