@@ -109,7 +109,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         )
     })?;
     let api_client = connect_api_server(&config).await?;
-    let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
+    let recorder = event_recorder(&config, api_client.as_ref())?;
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
     let runtime_manager = build_runtime(&config, engine, &pod_cgroups, &recorder);
@@ -247,6 +247,26 @@ fn node_status_settings(config: &AgentConfig) -> NodeStatusSettings {
         kubelet_port: kc.port,
         root_dir: config.root_dir.clone(),
     }
+}
+
+/// The event recorder: `events.log` in the root dir, and the API server when there is one.
+fn event_recorder(
+    config: &AgentConfig,
+    api_client: Option<&ApiClient>,
+) -> anyhow::Result<Recorder> {
+    let recorder = Recorder::new(Some(config.root_dir.join("events.log")));
+    if let Some(client) = api_client {
+        let node = &config.kubelet.node;
+        recorder
+            .connect(
+                client.clone(),
+                &config.node_name,
+                node.event_record_qps,
+                node.event_burst,
+            )
+            .context("cannot send events to the API server")?;
+    }
+    Ok(recorder)
 }
 
 /// The pod sources: the manifest path and URL of the configuration, and the API server.

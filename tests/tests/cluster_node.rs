@@ -327,6 +327,27 @@ fn a_crash_loop_shows_its_restarts_and_back_off_through_the_api() -> Result<()> 
     )?;
     let main = container_status(&pod, "main").context("no status for main")?;
     assert_eq!(main["lastState"]["terminated"]["exitCode"], 3);
+    // Every back-off is one event on the node; on the API server they are one Event, counted.
+    let uid = pod["metadata"]["uid"].clone();
+    let back_offs = || -> Result<Vec<Value>> {
+        Ok(node
+            .events_about("crasher")?
+            .into_iter()
+            .filter(|e| e["reason"] == "BackOff" && e["involvedObject"]["uid"] == uid)
+            .collect())
+    };
+    let back_off = wait_for("an aggregated BackOff event", START, || {
+        back_offs()
+            .ok()?
+            .into_iter()
+            .find(|e| e["count"].as_u64().is_some_and(|n| n >= 2))
+    })?;
+    assert_eq!(
+        back_off["involvedObject"]["fieldPath"],
+        "spec.containers{main}"
+    );
+    assert_eq!(back_off["source"]["component"], "kubelet");
+    assert_eq!(back_offs()?.len(), 1, "repeated back-offs are one Event");
     Ok(())
 }
 

@@ -28,7 +28,7 @@ use crate::pod::{MirrorPods, is_mirror_pod};
 use crate::cm::PodContainerManager;
 use crate::container::{PodCache, Runtime};
 use crate::event_stream::EventBroadcaster;
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::pleg::{
     GenericPleg, HintChannel, LatencyTracker, PlegHandle, PlegOptions, PodLifecycleEvent,
@@ -421,11 +421,7 @@ impl Kubelet {
     fn reject(&self, pod: &Pod, rejection: &Rejection) {
         self.recorder.event(
             EventType::Warning,
-            format!(
-                "pod/{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                pod.metadata.name.as_deref().unwrap_or_default()
-            ),
+            EventObject::pod(pod),
             &rejection.reason,
             rejection.message.clone(),
         );

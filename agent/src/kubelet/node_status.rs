@@ -23,7 +23,7 @@ use super::RuntimeState;
 use crate::apis::config::NodeSettings;
 use crate::apiserver::{ApiClient, is_already_exists, is_not_found};
 use crate::container::Runtime;
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 use crate::nodestatus::{
     self, MachineInfo, NodeFacts, NodeHealth, StatusUpdate, initial_node, node_status_patch,
     reconcile_existing, status_changed,
@@ -97,7 +97,7 @@ impl NodeStatusManager {
     pub async fn run(self) {
         self.recorder.event(
             EventType::Normal,
-            format!("node/{}", self.settings.node_name),
+            EventObject::node(&self.settings.node_name),
             "Starting",
             "Starting kubelet.",
         );
@@ -183,8 +183,8 @@ impl Round<'_> {
         &self.manager.settings
     }
 
-    fn node_object(&self) -> String {
-        format!("node/{}", self.settings().node_name)
+    fn node_object(&self) -> EventObject {
+        EventObject::node(&self.settings().node_name)
     }
 
     /// The Node as it would be registered now.

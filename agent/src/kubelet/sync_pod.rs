@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{PodStatus, PodUid, Runtime};
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::pleg::LatencyTracker;
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
@@ -156,17 +156,19 @@ impl PodSyncer for KubeletSyncer {
         match result.first_failure() {
             None => Ok(false),
             Some((failed, failure)) => {
+                // A back-off is not a failure of the sync: the runtime manager has already
+                // recorded the container's BackOff event, and the retry comes after the back-off.
                 let reason = if failure.reason == "CrashLoopBackOff" {
                     "BackOff"
                 } else {
+                    self.recorder.event(
+                        EventType::Warning,
+                        EventObject::pod(pod),
+                        "FailedSync",
+                        format!("{}: {}", failure.reason, failure.message),
+                    );
                     "FailedSync"
                 };
-                self.recorder.event(
-                    EventType::Warning,
-                    pod_object(pod),
-                    reason,
-                    format!("{}: {}", failure.reason, failure.message),
-                );
                 Err(SyncError {
                     reason,
                     message: format!(
@@ -196,7 +198,7 @@ impl PodSyncer for KubeletSyncer {
                 })?;
             self.recorder.event(
                 EventType::Normal,
-                pod_object(pod),
+                EventObject::pod(pod),
                 "Killing",
                 "stopped the pod's containers",
             );

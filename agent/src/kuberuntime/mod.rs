@@ -33,7 +33,7 @@ use crate::container::{
     ContainerId, ImageInfo, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
     RuntimeCondition, RuntimeError, RuntimeStatus,
 };
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 
 /// What the runtime manager needs from the rest of the agent (the kubelet's `RuntimeHelper`).
 pub trait RuntimeHelper: Send + Sync {
@@ -139,13 +139,7 @@ impl KubeGenericRuntimeManager {
         self.image_backoff.forget_prefix(&prefix);
     }
 
-    fn event(&self, pod: &Pod, event_type: EventType, reason: &str, message: String) {
-        let meta = &pod.metadata;
-        let object = format!(
-            "pod/{}/{}",
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default()
-        );
+    fn event(&self, object: EventObject, event_type: EventType, reason: &str, message: String) {
         self.recorder.event(event_type, object, reason, message);
     }
 }

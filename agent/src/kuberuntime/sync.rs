@@ -19,7 +19,7 @@ use crate::container::{
     ContainerId, ContainerState, PodStatus, PodSyncResult, PodUid, RunningPod, SyncAction,
     SyncFailure, SyncResult,
 };
-use crate::events::EventType;
+use crate::events::{EventObject, EventType};
 use crate::volumes::{PodVolumes, setup_pod_volumes};
 
 /// Grace period when neither the pod nor the caller gives one.
@@ -132,7 +132,7 @@ impl KubeGenericRuntimeManager {
         if actions.kill_pod {
             if actions.create_sandbox && !status.sandboxes.is_empty() {
                 self.event(
-                    pod,
+                    EventObject::pod(pod),
                     EventType::Normal,
                     "SandboxChanged",
                     "Pod sandbox changed, it will be killed and re-created.".to_owned(),
@@ -215,7 +215,12 @@ impl KubeGenericRuntimeManager {
             Ok(v) => v,
             Err(e) => {
                 let message = e.to_string();
-                self.event(pod, EventType::Warning, "FailedMount", message.clone());
+                self.event(
+                    EventObject::pod(pod),
+                    EventType::Warning,
+                    "FailedMount",
+                    message.clone(),
+                );
                 for (action, c) in targets {
                     result.results.push(step(
                         action,
@@ -316,7 +321,7 @@ impl KubeGenericRuntimeManager {
             Err(e) => {
                 let message = format!("Failed to create pod sandbox: {e}");
                 self.event(
-                    pod,
+                    EventObject::pod(pod),
                     EventType::Warning,
                     "FailedCreatePodSandBox",
                     message.clone(),
@@ -374,7 +379,7 @@ impl KubeGenericRuntimeManager {
             .in_backoff_since(&key, exited, Instant::now())
         {
             self.event(
-                pod,
+                EventObject::container(pod, &container.name),
                 EventType::Warning,
                 "BackOff",
                 format!(
@@ -404,6 +409,7 @@ impl KubeGenericRuntimeManager {
         container: &Container,
     ) -> Option<SyncFailure> {
         let pod = ctx.pod;
+        let object = || EventObject::container(pod, &container.name);
         let image_id = match self.ensure_image(pod, container, ctx.sandbox_config).await {
             Ok(id) => id,
             Err(f) => return Some(f),
@@ -419,7 +425,7 @@ impl KubeGenericRuntimeManager {
         {
             Ok(config) => config,
             Err(message) => {
-                self.event(pod, EventType::Warning, "Failed", message.clone());
+                self.event(object(), EventType::Warning, "Failed", message.clone());
                 return Some(failure("CreateContainerConfigError", message));
             }
         };
@@ -432,23 +438,23 @@ impl KubeGenericRuntimeManager {
             Ok(id) => id,
             Err(e) => {
                 let message = format!("Error: {e}");
-                self.event(pod, EventType::Warning, "Failed", message.clone());
+                self.event(object(), EventType::Warning, "Failed", message.clone());
                 return Some(failure("CreateContainerError", message));
             }
         };
         self.event(
-            pod,
+            object(),
             EventType::Normal,
             "Created",
             format!("Created container {}", container.name),
         );
         if let Err(e) = self.cri.start_container(&id).await {
             let message = format!("Error: {e}");
-            self.event(pod, EventType::Warning, "Failed", message.clone());
+            self.event(object(), EventType::Warning, "Failed", message.clone());
             return Some(failure("RunContainerError", message));
         }
         self.event(
-            pod,
+            object(),
             EventType::Normal,
             "Started",
             format!("Started container {}", container.name),
@@ -528,9 +534,10 @@ impl KubeGenericRuntimeManager {
         container: &Container,
         sandbox_config: &cri::PodSandboxConfig,
     ) -> Result<String, SyncFailure> {
+        let object = || EventObject::container(pod, &container.name);
         let spec_image = container.image.as_deref().unwrap_or_default();
         let image = normalize_image(spec_image).map_err(|e| {
-            self.event(pod, EventType::Warning, "InspectFailed", e.to_string());
+            self.event(object(), EventType::Warning, "InspectFailed", e.to_string());
             failure("InvalidImageName", e.to_string())
         })?;
         let policy = pull_policy(container.image_pull_policy.as_deref(), spec_image)
@@ -554,7 +561,7 @@ impl KubeGenericRuntimeManager {
                     "Container image \"{spec_image}\" is not present with pull policy of Never"
                 );
                 self.event(
-                    pod,
+                    object(),
                     EventType::Warning,
                     "ErrImageNeverPull",
                     message.clone(),
@@ -563,15 +570,15 @@ impl KubeGenericRuntimeManager {
             }
             (PullPolicy::Never | PullPolicy::IfNotPresent, Some(id)) => Ok(id),
             (PullPolicy::IfNotPresent, None) => {
-                self.pull(pod, spec_image, &image, sandbox_config).await
+                self.pull(pod, container, &image, sandbox_config).await
             }
             (PullPolicy::Always, present) => {
-                match self.pull(pod, spec_image, &image, sandbox_config).await {
+                match self.pull(pod, container, &image, sandbox_config).await {
                     Ok(id) => Ok(id),
                     Err(f) => match present {
                         Some(id) => {
                             self.event(
-                                pod,
+                                object(),
                                 EventType::Warning,
                                 "PullFallback",
                                 format!(
@@ -591,10 +598,12 @@ impl KubeGenericRuntimeManager {
     async fn pull(
         &self,
         pod: &Pod,
-        spec_image: &str,
+        container: &Container,
         image: &str,
         sandbox_config: &cri::PodSandboxConfig,
     ) -> Result<String, SyncFailure> {
+        let object = || EventObject::container(pod, &container.name);
+        let spec_image = container.image.as_deref().unwrap_or_default();
         let key = format!("{}/{image}", pod_uid(pod));
         if self
             .image_backoff
@@ -602,11 +611,11 @@ impl KubeGenericRuntimeManager {
             .is_some()
         {
             let message = format!("Back-off pulling image \"{spec_image}\"");
-            self.event(pod, EventType::Normal, "BackOff", message.clone());
+            self.event(object(), EventType::Normal, "BackOff", message.clone());
             return Err(failure("ImagePullBackOff", message));
         }
         self.event(
-            pod,
+            object(),
             EventType::Normal,
             "Pulling",
             format!("Pulling image \"{spec_image}\""),
@@ -618,7 +627,7 @@ impl KubeGenericRuntimeManager {
         {
             Ok(image_ref) => {
                 self.event(
-                    pod,
+                    object(),
                     EventType::Normal,
                     "Pulled",
                     format!("Successfully pulled image \"{spec_image}\""),
@@ -632,7 +641,7 @@ impl KubeGenericRuntimeManager {
             Err(e) => {
                 self.image_backoff.next(&key, Instant::now());
                 let message = format!("Failed to pull image \"{spec_image}\": {e}");
-                self.event(pod, EventType::Warning, "Failed", message.clone());
+                self.event(object(), EventType::Warning, "Failed", message.clone());
                 Err(failure("ErrImagePull", message))
             }
         }
@@ -673,7 +682,12 @@ impl KubeGenericRuntimeManager {
                 text.push_str(": ");
                 text.push_str(message);
             }
-            self.event(pod, EventType::Normal, "Killing", text);
+            self.event(
+                EventObject::container(pod, name),
+                EventType::Normal,
+                "Killing",
+                text,
+            );
         }
         match self.cri.stop_container(id.as_str(), grace).await {
             Err(e) if !e.is_not_found() => Err(e),

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::apiserver::ApiClient;
 use crate::error_chain::error_chain;
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 
 use apiserver::ApiServerSource;
 use file::FileSource;
@@ -322,7 +322,7 @@ pub fn start(
             // a restart are not treated as orphans.
             Err(err) => recorder.event(
                 EventType::Warning,
-                format!("http/{url}"),
+                EventObject::local(format!("http/{url}")),
                 REASON_FAILED_TO_FETCH_MANIFEST,
                 error_chain(&err),
             ),

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::events::{EventType, Recorder};
+use crate::events::{EventObject, EventType, Recorder};
 
 /// Something wrong with one manifest, found during one scan.
 #[derive(Clone, Debug)]
@@ -37,8 +37,12 @@ impl Reporter {
         for problem in problems {
             let key = (problem.object, problem.message, problem.identity);
             if !self.previous.contains(&key) && !current.contains(&key) {
-                self.recorder
-                    .event(EventType::Warning, &*key.0, problem.reason, &*key.1);
+                self.recorder.event(
+                    EventType::Warning,
+                    EventObject::local(key.0.as_str()),
+                    problem.reason,
+                    key.1.as_str(),
+                );
             }
             current.insert(key);
         }
