@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use k8s_openapi::api::core::v1::Node;
 use ringlet::apis::config::{
     self, AgentConfig, AuthorizationModeSetting, KubeletConfiguration, TaintSetting,
 };
@@ -112,7 +113,8 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let recorder = event_recorder(&config, api_client.as_ref())?;
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
-    let runtime_manager = build_runtime(&config, engine, &pod_cgroups, &recorder);
+    let (published_node, node) = watch::channel(None);
+    let runtime_manager = build_runtime(&config, engine, &pod_cgroups, &recorder, node);
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
     let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
     let (updates, sources_ready) = podconfig::start(
@@ -153,6 +155,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
             metrics,
             broadcaster: broadcaster.clone(),
             api: api_client.clone(),
+            node: published_node,
         },
     );
 
@@ -302,10 +305,12 @@ fn build_runtime(
     engine: IoEngine,
     pod_cgroups: &Arc<PodContainerManager>,
     recorder: &Recorder,
+    node: watch::Receiver<Option<Node>>,
 ) -> Arc<KubeGenericRuntimeManager> {
     let kc = &config.kubelet;
     let helper = Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
+        node,
         host_ip: ringlet::kubelet::node_ip().to_string(),
         root_dir: config.root_dir.clone(),
         pod_log_root: kc.pod_logs_dir.clone(),

@@ -88,7 +88,9 @@ impl Agent {
             PodContainerManager::new("/", CgroupDriver::Cgroupfs, false)
                 .unwrap_or_else(|e| panic!("creating the pod cgroup manager: {e}")),
         );
+        let (published_node, node) = tokio::sync::watch::channel(None);
         let helper = Arc::new(NodeHelper {
+            node,
             node_name: NODE.to_owned(),
             host_ip: "192.0.2.10".to_owned(),
             root_dir: root.path().to_owned(),
@@ -143,6 +145,7 @@ impl Agent {
                 metrics: Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
                 broadcaster: EventBroadcaster::default(),
                 api: None,
+                node: published_node,
             },
         );
         let stats = StatsProvider::new(StatsSettings::new(

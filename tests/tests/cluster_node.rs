@@ -366,14 +366,29 @@ fn kubectl_logs_and_exec_reach_the_node_through_the_api_server() -> Result<()> {
             ..ClusterNodeOptions::default()
         },
     )?;
+    let downward_env = r"    resources:
+      limits:
+        memory: 64Mi
+    env:
+    - name: NODE
+      valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+    - name: POD_IP
+      valueFrom: {fieldRef: {fieldPath: status.podIP}}
+    - name: POD_UID
+      valueFrom: {fieldRef: {fieldPath: metadata.uid}}
+    - name: MEMORY_MI
+      valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}
+    - name: CPU_LIMIT
+      valueFrom: {resourceFieldRef: {resource: limits.cpu}}
+";
     node.apply(&api_pod(
         "talker",
         node.node(),
         "Always",
         &format!("echo hello-from-ringlet; {SERVE}"),
-        "",
+        downward_env,
     ))?;
-    node.wait_api_pod("talker", "Running", START, running_and_ready)?;
+    let pod = node.wait_api_pod("talker", "Running", START, running_and_ready)?;
     let logs = wait_for(
         "kubectl logs to show the line",
         Duration::from_secs(20),
@@ -388,6 +403,26 @@ fn kubectl_logs_and_exec_reach_the_node_through_the_api_server() -> Result<()> {
         .kubectl()
         .args(["exec", "talker", "--", "sh", "-c", "echo $((6*7))"]))?;
     assert_eq!(exec.trim(), "42");
+
+    // The downward API in the environment: the node, the pod's IP and UID, its memory limit, and
+    // for the unset CPU limit the node's allocatable CPUs.
+    let env = run(node.kubectl().args([
+        "exec",
+        "talker",
+        "--",
+        "sh",
+        "-c",
+        "echo $NODE $POD_IP $POD_UID $MEMORY_MI $CPU_LIMIT",
+    ]))?;
+    let allocatable_cpu = node.node_object()?["status"]["allocatable"]["cpu"].clone();
+    let expected = format!(
+        "{} {} {} 64 {}",
+        node.node(),
+        pod["status"]["podIP"].as_str().unwrap_or_default(),
+        pod["metadata"]["uid"].as_str().unwrap_or_default(),
+        allocatable_cpu.as_str().unwrap_or_default()
+    );
+    assert_eq!(env.trim(), expected);
     Ok(())
 }
 

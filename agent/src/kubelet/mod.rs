@@ -86,6 +86,8 @@ pub struct KubeletDeps {
     pub broadcaster: EventBroadcaster,
     /// The API server of the cluster this node joins; `None` for a standalone agent.
     pub api: Option<ApiClient>,
+    /// Where the current Node is published (the runtime helper reads its allocatable).
+    pub node: watch::Sender<Option<Node>>,
 }
 
 /// The assembled agent core.
@@ -126,6 +128,7 @@ impl Kubelet {
             metrics,
             broadcaster,
             api,
+            node: published_node,
         } = deps;
         let cache = Arc::new(pleg_hints.as_ref().map_or_else(PodCache::new, |channel| {
             PodCache::with_refresher(channel.refresher())
@@ -170,13 +173,15 @@ impl Kubelet {
             Arc::clone(&pod_cgroups),
             settings.max_dead_containers_per_container,
         );
-        let (node_status, node) = NodeStatusManager::new(
+        let node = published_node.subscribe();
+        let node_status = NodeStatusManager::new(
             settings.node.clone(),
             api.clone(),
             Arc::clone(&runtime),
             runtime_state.clone(),
             pleg_handle.clone(),
             recorder.clone(),
+            published_node,
         );
         Self {
             settings,

@@ -70,7 +70,7 @@ pub struct NodeStatusManager {
 }
 
 impl NodeStatusManager {
-    /// The manager and the channel on which it publishes the current Node.
+    /// The manager; it publishes the current Node on `published`.
     pub fn new(
         settings: NodeStatusSettings,
         client: Option<ApiClient>,
@@ -78,20 +78,17 @@ impl NodeStatusManager {
         runtime_state: RuntimeState,
         pleg: PlegHandle,
         recorder: Recorder,
-    ) -> (Self, watch::Receiver<Option<Node>>) {
-        let (published, node) = watch::channel(None);
-        (
-            Self {
-                settings,
-                client,
-                runtime,
-                runtime_state,
-                pleg,
-                recorder,
-                published,
-            },
-            node,
-        )
+        published: watch::Sender<Option<Node>>,
+    ) -> Self {
+        Self {
+            settings,
+            client,
+            runtime,
+            runtime_state,
+            pleg,
+            recorder,
+            published,
+        }
     }
 
     pub async fn run(self) {

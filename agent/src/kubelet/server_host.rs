@@ -1,13 +1,16 @@
 //! What the HTTP servers see of the kubelet (the kubelet's `HostInterface` for `pkg/kubelet/server`),
 //! and what the CRI runtime manager asks of it (`RuntimeHelper`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::sync::watch;
 
 use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{
@@ -253,6 +256,8 @@ fn stats_inputs(
 /// Node facts the CRI runtime manager needs to build sandbox and container configs.
 pub struct NodeHelper {
     pub node_name: String,
+    /// The Node as the node status manager last published it.
+    pub node: watch::Receiver<Option<Node>>,
     pub host_ip: String,
     pub root_dir: PathBuf,
     /// Where pod log directories go (the kubelet's `/var/log/pods`).
@@ -269,6 +274,14 @@ impl RuntimeHelper for NodeHelper {
 
     fn host_ip(&self) -> Option<String> {
         Some(self.host_ip.clone())
+    }
+
+    fn node_allocatable(&self) -> BTreeMap<String, Quantity> {
+        self.node
+            .borrow()
+            .as_ref()
+            .and_then(|node| node.status.as_ref()?.allocatable.clone())
+            .unwrap_or_default()
     }
 
     fn pod_dir(&self, uid: &PodUid) -> PathBuf {

@@ -36,6 +36,20 @@ pub enum ConfigError {
         var: String,
         field: String,
     },
+    #[error("container {container:?}: env {var:?}: unsupported container resource {resource:?}")]
+    UnsupportedResource {
+        container: String,
+        var: String,
+        resource: String,
+    },
+    #[error(
+        "container {container:?}: env {var:?} refers to container {referenced:?}, which the pod does not have"
+    )]
+    UnknownContainer {
+        container: String,
+        var: String,
+        referenced: String,
+    },
     #[error("container {container:?}: envFrom is not supported")]
     EnvFromUnsupported { container: String },
     #[error("container {container:?}: invalid {resource} quantity {value:?}")]
@@ -53,6 +67,8 @@ pub struct EnvContext<'a> {
     pub pod_ips: &'a [String],
     pub host_ip: Option<&'a str>,
     pub node_name: &'a str,
+    /// The node's allocatable resources: what a `resourceFieldRef` to an unset limit reads.
+    pub node_allocatable: &'a BTreeMap<String, Quantity>,
 }
 
 /// Everything else the config needs that the spec does not say.
@@ -305,8 +321,14 @@ pub fn make_env(
                     return Err(unsupported("secretKeyRef"));
                 } else if from.config_map_key_ref.is_some() {
                     return Err(unsupported("configMapKeyRef"));
-                } else if from.resource_field_ref.is_some() {
-                    return Err(unsupported("resourceFieldRef"));
+                } else if let Some(selector) = &from.resource_field_ref {
+                    super::resource_field::resource_field_value(
+                        selector,
+                        ctx.pod,
+                        &container.name,
+                        name,
+                        ctx.node_allocatable,
+                    )?
                 } else {
                     return Err(unsupported("an unknown valueFrom source"));
                 }
@@ -577,6 +599,7 @@ mod tests {
             pod_ips: &ips,
             host_ip: Some("192.168.1.2"),
             node_name: "node1",
+            node_allocatable: &BTreeMap::new(),
         };
         let env: Vec<(String, String)> = make_env(&c, &ctx)
             .unwrap()
@@ -611,6 +634,7 @@ mod tests {
             pod_ips: &[],
             host_ip: None,
             node_name: "n",
+            node_allocatable: &BTreeMap::new(),
         };
         assert_eq!(
             make_env(&c, &ctx).unwrap_err().to_string(),
@@ -635,6 +659,7 @@ mod tests {
             pod_ips: &[],
             host_ip: None,
             node_name: "n",
+            node_allocatable: &BTreeMap::new(),
         };
         let config = container_config(
             &pod,

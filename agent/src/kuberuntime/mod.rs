@@ -11,6 +11,7 @@ mod gc;
 pub mod images;
 pub mod labels;
 pub mod logs;
+mod resource_field;
 pub mod sandbox;
 #[cfg(test)]
 mod smoke_tests;
@@ -18,13 +19,14 @@ mod status;
 mod streaming;
 mod sync;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 pub use backoff::BackOff;
 pub use cri::{CriClient, CriError};
@@ -54,6 +56,11 @@ pub trait RuntimeHelper: Send + Sync {
     /// The node's IP, for `status.hostIP` references and the pod IP of host-network pods.
     fn host_ip(&self) -> Option<String> {
         None
+    }
+
+    /// The node's allocatable resources (empty while unknown).
+    fn node_allocatable(&self) -> BTreeMap<String, Quantity> {
+        BTreeMap::new()
     }
 
     /// Why a running container must be restarted although its spec is unchanged, e.g.

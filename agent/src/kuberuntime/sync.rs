@@ -503,11 +503,13 @@ impl KubeGenericRuntimeManager {
         }
 
         let host_ip = self.helper.host_ip();
+        let node_allocatable = self.helper.node_allocatable();
         let env = EnvContext {
             pod: ctx.pod,
             pod_ips: ctx.pod_ips,
             host_ip: host_ip.as_deref(),
             node_name: self.helper.node_name(),
+            node_allocatable: &node_allocatable,
         };
         container_config(
             ctx.pod,
