@@ -282,26 +282,8 @@ fn api_pods_run_report_their_status_and_stop_when_deleted() -> Result<()> {
     })
     .with_context(|| ringlet_tests::tail(&node.agent().log(), 40))?;
     wait_for("the pod's containers to be stopped", START, || {
-        let running = Command::new("ctr")
-            .args([
-                "--address",
-                CONTAINERD_SOCKET,
-                "-n",
-                "k8s.io",
-                "tasks",
-                "ls",
-            ])
-            .output()
-            .ok()?;
         let ids = containers_of_namespace(&node.namespace).ok()?;
-        let tasks = String::from_utf8_lossy(&running.stdout).into_owned();
-        ids.iter()
-            .all(|id| {
-                !tasks
-                    .lines()
-                    .any(|l| l.starts_with(id.as_str()) && l.contains("RUNNING"))
-            })
-            .then_some(())
+        ids.iter().all(|id| !task_running(id)).then_some(())
     })?;
     Ok(())
 }
@@ -639,13 +621,35 @@ fn a_killed_agent_adopts_its_containers_after_a_restart() -> Result<()> {
     };
     let mut node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
     node.apply(&api_pod("survivor", node.node(), "Always", SERVE, ""))?;
+    node.apply(&api_pod("doomed", node.node(), "Always", SERVE, ""))?;
     let before = node.wait_api_pod("survivor", "Running", START, running_and_ready)?;
-    let containers_before: BTreeSet<String> = containers_of_namespace(&node.namespace)?
-        .into_iter()
-        .collect();
+    let doomed = node.wait_api_pod("doomed", "Running", START, running_and_ready)?;
+    let doomed_uid = doomed["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let of_survivor = |ids: Vec<String>| -> Result<BTreeSet<String>> {
+        Ok(ids
+            .into_iter()
+            .filter(|id| !pod_uid_of(id).is_ok_and(|uid| uid == doomed_uid))
+            .collect())
+    };
+    let containers_before = of_survivor(containers_of_namespace(&node.namespace)?)?;
 
     node.agent_mut().kill()?;
+    // Deleted while the agent is down: nothing tells it but the pod's absence after the restart.
+    run(node
+        .kubectl()
+        .args(["delete", "pod", "doomed", "--grace-period=0", "--force"]))?;
     node.agent_mut().restart()?;
+    wait_for("the deleted pod's containers to be stopped", START, || {
+        let left = containers_of_namespace(&node.namespace).ok()?;
+        let running = left
+            .iter()
+            .filter(|id| pod_uid_of(id).is_ok_and(|uid| uid == doomed_uid))
+            .any(|id| task_running(id));
+        (!running).then_some(())
+    })?;
     // The restarted agent sees the same pod running and changes nothing.
     node.agent()
         .wait_pod_named("survivor", "adopted", START, |pod| {
@@ -657,11 +661,46 @@ fn a_killed_agent_adopts_its_containers_after_a_restart() -> Result<()> {
         container_status(&after, "main").map(|c| c["restartCount"].clone()),
         Some(Value::from(0))
     );
-    let containers_after: BTreeSet<String> = containers_of_namespace(&node.namespace)?
-        .into_iter()
-        .collect();
+    let containers_after = of_survivor(containers_of_namespace(&node.namespace)?)?;
     assert_eq!(containers_after, containers_before, "nothing re-created");
     Ok(())
+}
+
+/// The pod UID label of a containerd container.
+fn pod_uid_of(id: &str) -> Result<String> {
+    let out = run(Command::new("ctr").args([
+        "--address",
+        CONTAINERD_SOCKET,
+        "-n",
+        "k8s.io",
+        "containers",
+        "info",
+        id,
+    ]))?;
+    let info: Value = serde_json::from_str(&out)?;
+    info["Labels"]["io.kubernetes.pod.uid"]
+        .as_str()
+        .map(str::to_owned)
+        .context("no pod uid label")
+}
+
+/// Whether the container's task runs.
+fn task_running(id: &str) -> bool {
+    Command::new("ctr")
+        .args([
+            "--address",
+            CONTAINERD_SOCKET,
+            "-n",
+            "k8s.io",
+            "tasks",
+            "ls",
+        ])
+        .output()
+        .is_ok_and(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|line| line.starts_with(id) && line.contains("RUNNING"))
+        })
 }
 
 #[test]
