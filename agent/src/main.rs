@@ -15,7 +15,7 @@ use ringlet::apis::config::{
     self, AgentConfig, AuthorizationModeSetting, KubeletConfiguration, TaintSetting,
 };
 use ringlet::apiserver::bootstrap::{self, BootstrapSettings};
-use ringlet::apiserver::{self, ApiClient};
+use ringlet::apiserver::{ApiClient, ApiClientOptions};
 use ringlet::cli;
 use ringlet::cm::{PodContainerManager, QosClass};
 use ringlet::container::{Runtime, StreamingRuntime};
@@ -219,7 +219,13 @@ async fn connect_api_server(config: &AgentConfig) -> anyhow::Result<Option<ApiCl
         .await
         .map_err(|err| anyhow::anyhow!("TLS bootstrap failed: {}", error_chain(&err)))?;
     }
-    let client = ApiClient::from_kubeconfig(kubeconfig, apiserver::REQUEST_TIMEOUT)
+    let node = &config.kubelet.node;
+    let options = ApiClientOptions {
+        qps: node.kube_api_qps,
+        burst: node.kube_api_burst,
+        ..ApiClientOptions::default()
+    };
+    let client = ApiClient::from_kubeconfig(kubeconfig, options)
         .await
         .map_err(|err| anyhow::anyhow!("cannot use --kubeconfig: {}", error_chain(&err)))?;
     tracing::info!(

@@ -15,7 +15,7 @@ use http::{Method, Request, StatusCode};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use rcgen::{CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use ringlet::apiserver::{ApiClient, REQUEST_TIMEOUT};
+use ringlet::apiserver::{ApiClient, ApiClientOptions, REQUEST_TIMEOUT};
 use ringlet::server::PeerCertificates;
 use ringlet::server::auth::{
     AuthSettings, AuthorizationMode, DEFAULT_CACHE_AUTHORIZED_TTL, DEFAULT_CACHE_UNAUTHORIZED_TTL,
@@ -47,7 +47,11 @@ fn settings(
 }
 
 async fn client(kubeconfig: &std::path::Path, timeout: Duration) -> ApiClient {
-    ApiClient::from_kubeconfig(kubeconfig, timeout)
+    let options = ApiClientOptions {
+        request_timeout: timeout,
+        ..ApiClientOptions::default()
+    };
+    ApiClient::from_kubeconfig(kubeconfig, options)
         .await
         .unwrap_or_else(|e| panic!("a client from {}: {e}", kubeconfig.display()))
 }
@@ -713,7 +717,7 @@ async fn api_server_client_reports_the_status_of_a_refused_create() {
 async fn kubeconfig_errors_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("absent");
-    let error = ApiClient::from_kubeconfig(&missing, REQUEST_TIMEOUT)
+    let error = ApiClient::from_kubeconfig(&missing, ApiClientOptions::default())
         .await
         .unwrap_err();
     assert!(error.to_string().contains("absent"), "{error}");
@@ -724,7 +728,7 @@ async fn kubeconfig_errors_name_the_problem() {
         "current-context: c\ncontexts:\n- name: c\n  context: {cluster: x, user: u}\nclusters:\n- name: x\n  cluster: {server: 'https://127.0.0.1:1', certificate-authority: ca.pem}\nusers:\n- name: u\n  user: {token: t}\n",
     )
     .unwrap();
-    let error = ApiClient::from_kubeconfig(&path, REQUEST_TIMEOUT)
+    let error = ApiClient::from_kubeconfig(&path, ApiClientOptions::default())
         .await
         .unwrap_err();
     let text = ringlet::error_chain::error_chain(&error);
@@ -735,7 +739,7 @@ async fn kubeconfig_errors_name_the_problem() {
         "current-context: c\ncontexts:\n- name: c\n  context: {cluster: x, user: u}\nclusters:\n- name: x\n  cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}\nusers:\n- name: u\n  user: {token: t}\n",
     )
     .unwrap();
-    let error = ApiClient::from_kubeconfig(&path, REQUEST_TIMEOUT)
+    let error = ApiClient::from_kubeconfig(&path, ApiClientOptions::default())
         .await
         .unwrap_err();
     assert!(
@@ -751,7 +755,7 @@ async fn kubeconfig_errors_name_the_problem() {
         "current-context: c\ncontexts:\n- name: c\n  context: {cluster: x, user: u}\nclusters:\n- name: x\n  cluster: {server: 'https://127.0.0.1:1'}\nusers:\n- name: u\n  user: {tokenFile: token}\n",
     )
     .unwrap();
-    let error = ApiClient::from_kubeconfig(&path, REQUEST_TIMEOUT)
+    let error = ApiClient::from_kubeconfig(&path, ApiClientOptions::default())
         .await
         .unwrap_err();
     assert!(

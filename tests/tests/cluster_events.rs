@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
-use ringlet::apiserver::{ApiClient, REQUEST_TIMEOUT};
+use ringlet::apiserver::{ApiClient, ApiClientOptions};
 use ringlet::events::{EventObject, EventType, Recorder};
 use ringlet_tests::cluster::{run, run_with_input};
 use ringlet_tests::{Cluster, require_cluster, wait_for};
@@ -118,7 +118,7 @@ async fn events_reach_the_api_server_counted_and_combined_like_the_kubelets() ->
 
     // As the agent connects: with the node's own identity, so the Node authorizer applies.
     let kubeconfig = cluster.node_kubeconfig(NODE)?;
-    let client = ApiClient::from_kubeconfig(&kubeconfig, REQUEST_TIMEOUT).await?;
+    let client = ApiClient::from_kubeconfig(&kubeconfig, ApiClientOptions::default()).await?;
     let recorder = Recorder::new(None);
     recorder.connect(client, NODE, 50, 100)?;
     record_a_crash_loop(&recorder, &pod);

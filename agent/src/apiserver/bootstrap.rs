@@ -23,7 +23,7 @@ use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
 use sha2::{Digest as _, Sha256};
 
-use super::{ApiClient, ApiServerError, is_already_exists};
+use super::{ApiClient, ApiClientOptions, ApiServerError, is_already_exists};
 
 /// The signer that issues kubelet client certificates.
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -87,9 +87,10 @@ pub async fn bootstrap_if_needed(settings: &BootstrapSettings) -> Result<bool, B
         bootstrap = %settings.bootstrap_kubeconfig.display(),
         "no kubeconfig yet: requesting a client certificate with the bootstrap kubeconfig"
     );
-    let client = ApiClient::from_kubeconfig(&settings.bootstrap_kubeconfig, super::REQUEST_TIMEOUT)
-        .await
-        .map_err(BootstrapError::Client)?;
+    let client =
+        ApiClient::from_kubeconfig(&settings.bootstrap_kubeconfig, ApiClientOptions::default())
+            .await
+            .map_err(BootstrapError::Client)?;
     create_dir(&settings.cert_dir)?;
     let key = pending_key(&settings.cert_dir)?;
     let certificate = request_certificate(&client, &settings.node_name, &key).await?;

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use kube::client::ClientBuilder;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use tower::limit::RateLimitLayer;
 
 use crate::error_chain::error_chain;
 
@@ -25,6 +27,27 @@ use crate::error_chain::error_chain;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long connecting (TCP and TLS) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How the client behaves: its timeout and its client-side rate limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ApiClientOptions {
+    /// How long a request waits for its answer ([`REQUEST_TIMEOUT`]).
+    pub request_timeout: Duration,
+    /// `kubeAPIQPS` and `kubeAPIBurst` (50 and 100): requests start at most `burst` at a time and
+    /// `qps` per second on average; 0 QPS for no limit.
+    pub qps: u32,
+    pub burst: u32,
+}
+
+impl Default for ApiClientOptions {
+    fn default() -> Self {
+        Self {
+            request_timeout: REQUEST_TIMEOUT,
+            qps: 50,
+            burst: 100,
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiServerError {
@@ -79,12 +102,11 @@ impl std::fmt::Debug for ApiClient {
 }
 
 impl ApiClient {
-    /// A client from the kubeconfig at `path` (its current context) whose requests wait at most
-    /// `request_timeout` for an answer (normally [`REQUEST_TIMEOUT`]). Must run inside the agent's
+    /// A client from the kubeconfig at `path` (its current context). Must run inside the agent's
     /// tokio runtime: the client starts its connection-pool task there.
     pub async fn from_kubeconfig(
         path: &Path,
-        request_timeout: Duration,
+        options: ApiClientOptions,
     ) -> Result<Self, ApiServerError> {
         let kubeconfig =
             Kubeconfig::read_from(path).map_err(|source| ApiServerError::ReadKubeconfig {
@@ -113,17 +135,29 @@ impl ApiClient {
             });
         }
         let identity = describe_identity(&config.auth_info, Some(path));
-        config.connect_timeout = Some(CONNECT_TIMEOUT.min(request_timeout));
-        config.read_timeout = Some(request_timeout);
+        config.connect_timeout = Some(CONNECT_TIMEOUT.min(options.request_timeout));
+        config.read_timeout = Some(options.request_timeout);
         config.reset_reader_on_write = true;
         // kube retries a 429/503/504 up to 15 times with backoff up to 1000 s, which would hold a
         // token review or a status update for minutes; every caller here has its own retry period.
         config.default_retry = false;
         let server = config.cluster_url.to_string();
         let build = |config: kube::Config| {
-            kube::Client::try_from(config).map_err(|source| ApiServerError::Client {
-                server: server.clone(),
-                source,
+            let builder =
+                ClientBuilder::try_from(config).map_err(|source| ApiServerError::Client {
+                    server: server.clone(),
+                    source,
+                })?;
+            Ok::<_, ApiServerError>(if options.qps == 0 {
+                builder.build()
+            } else {
+                // client-go's token bucket, as a window of `burst` requests per `burst / qps`
+                // seconds: the same average and the same largest burst.
+                let burst = options.burst.max(1);
+                let window = Duration::from_secs_f64(f64::from(burst) / f64::from(options.qps));
+                builder
+                    .with_layer(&RateLimitLayer::new(u64::from(burst), window))
+                    .build()
             })
         };
         let mut watch_config = config.clone();
