@@ -650,6 +650,24 @@ pub fn containers_of_namespace(namespace: &str) -> Result<Vec<String>> {
     containers_labelled(|labels| labels["io.kubernetes.pod.namespace"] == namespace)
 }
 
+/// The labels containerd keeps on container `id` (`io.kubernetes.pod.uid`, `…pod.name`, …).
+pub fn container_labels(id: &str) -> Result<Value> {
+    let info = Command::new("ctr")
+        .args([
+            "--address",
+            CONTAINERD_SOCKET,
+            "-n",
+            "k8s.io",
+            "containers",
+            "info",
+            id,
+        ])
+        .output()?;
+    let info: Value = serde_json::from_slice(&info.stdout)
+        .with_context(|| format!("`ctr containers info {id}` printed no JSON"))?;
+    Ok(info["Labels"].clone())
+}
+
 /// Ids of the containerd containers whose labels `wanted` accepts.
 fn containers_labelled(wanted: impl Fn(&Value) -> bool) -> Result<Vec<String>> {
     let out = Command::new("ctr")
@@ -668,21 +686,7 @@ fn containers_labelled(wanted: impl Fn(&Value) -> bool) -> Result<Vec<String>> {
     }
     let mut ids = Vec::new();
     for id in String::from_utf8_lossy(&out.stdout).lines() {
-        let info = Command::new("ctr")
-            .args([
-                "--address",
-                CONTAINERD_SOCKET,
-                "-n",
-                "k8s.io",
-                "containers",
-                "info",
-                id,
-            ])
-            .output()?;
-        let Ok(info): Result<Value, _> = serde_json::from_slice(&info.stdout) else {
-            continue;
-        };
-        if wanted(&info["Labels"]) {
+        if container_labels(id).is_ok_and(|labels| wanted(&labels)) {
             ids.push(id.to_owned());
         }
     }

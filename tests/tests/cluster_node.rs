@@ -11,8 +11,8 @@ use anyhow::{Context, Result, bail, ensure};
 use ringlet_tests::cluster::{Cluster, require_cluster, run};
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions, api_server_daemon};
 use ringlet_tests::{
-    CONTAINERD_SOCKET, container_status, containers_of_namespace, lab_containerd, phase,
-    require_lab, wait_for,
+    CONTAINERD_SOCKET, container_labels, container_status, containers_of_namespace, lab_containerd,
+    phase, require_lab, wait_for,
 };
 use serde_json::Value;
 
@@ -64,6 +64,13 @@ fn node_ready(node: &Value) -> bool {
     condition(node, "Ready").is_some_and(|c| c["status"] == "True")
 }
 
+/// Waits until the node is Ready; returns the Node.
+fn wait_ready(node: &ClusterNode) -> Result<Value> {
+    wait_for("the node to be Ready", START, || {
+        node.node_object().ok().filter(node_ready)
+    })
+}
+
 fn running_and_ready(pod: &Value) -> bool {
     phase(pod) == "Running"
         && container_status(pod, "main").is_some_and(|c| c["ready"] == true)
@@ -94,9 +101,7 @@ fn a_node_registers_turns_ready_renews_its_lease_and_reports_the_runtime() -> Re
             ..ClusterNodeOptions::default()
         },
     )?;
-    let ready = wait_for("the node to be Ready", START, || {
-        node.node_object().ok().filter(node_ready)
-    })?;
+    let ready = wait_ready(&node)?;
     let labels = &ready["metadata"]["labels"];
     assert_eq!(labels["kubernetes.io/hostname"], node.node());
     assert_eq!(labels["kubernetes.io/os"], "linux");
@@ -200,41 +205,35 @@ fn a_node_is_not_ready_while_its_runtime_is_down() -> Result<()> {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
-    wait_for("the node to be Ready", START, || {
-        node.node_object().ok().filter(node_ready)
-    })?;
+    wait_ready(&node)?;
     // The runtime goes away: the node turns NotReady naming it, and Ready again when it is back.
     let containerd = lab_containerd();
     let command_line = containerd
         .command_line()?
         .context("the lab's containerd is not running")?;
     containerd.stop(Duration::from_secs(15))?;
-    let restart = |command_line: &[String]| {
-        containerd.start(
-            std::path::Path::new(&command_line[0]),
-            &command_line[1..],
-            || {
-                Command::new("ctr")
-                    .args(["--address", CONTAINERD_SOCKET, "version"])
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            },
-            Duration::from_secs(30),
-        )
-    };
     let not_ready = wait_for("the node to turn NotReady", START, || {
         let node = node.node_object().ok()?;
         let ready = condition(&node, "Ready")?;
         (ready["status"] == "False").then(|| ready.clone())
     });
-    restart(&command_line)?;
+    // Started again whatever the wait found, so a failure here does not leave the lab broken.
+    containerd.start(
+        std::path::Path::new(&command_line[0]),
+        &command_line[1..],
+        || {
+            Command::new("ctr")
+                .args(["--address", CONTAINERD_SOCKET, "version"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        },
+        Duration::from_secs(30),
+    )?;
     let not_ready = not_ready?;
     assert_eq!(not_ready["reason"], "KubeletNotReady");
     let message = not_ready["message"].as_str().unwrap_or_default();
     assert!(message.contains("container runtime"), "{message}");
-    wait_for("the node to be Ready again", START, || {
-        node.node_object().ok().filter(node_ready)
-    })?;
+    wait_ready(&node)?;
     Ok(())
 }
 
@@ -498,9 +497,7 @@ fn a_pod_that_does_not_fit_fails_with_the_kubelets_reason() -> Result<()> {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
-    wait_for("the node to be Ready", START, || {
-        node.node_object().ok().filter(node_ready)
-    })?;
+    wait_ready(&node)?;
     node.apply(&api_pod(
         "greedy",
         node.node(),
@@ -668,17 +665,7 @@ fn a_killed_agent_adopts_its_containers_after_a_restart() -> Result<()> {
 
 /// The pod UID label of a containerd container.
 fn pod_uid_of(id: &str) -> Result<String> {
-    let out = run(Command::new("ctr").args([
-        "--address",
-        CONTAINERD_SOCKET,
-        "-n",
-        "k8s.io",
-        "containers",
-        "info",
-        id,
-    ]))?;
-    let info: Value = serde_json::from_str(&out)?;
-    info["Labels"]["io.kubernetes.pod.uid"]
+    container_labels(id)?["io.kubernetes.pod.uid"]
         .as_str()
         .map(str::to_owned)
         .context("no pod uid label")
