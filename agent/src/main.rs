@@ -123,17 +123,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     );
     let metrics = Metrics::new().context("cannot set up the metrics")?;
     metrics.set_io_engine(engine);
-    let hint_source = if config.runonce {
-        None
-    } else {
-        ebpf::start_hint_source(
-            kc.pleg_mode,
-            pod_cgroups.pods_cgroup2_dir(),
-            config.ebpf_ring_buffer_bytes,
-            &metrics,
-        )
-    };
-    let (pleg_hints, ebpf_handle) = hint_source
+    let (pleg_hints, ebpf_handle) = hint_source(&config, &pod_cgroups, &metrics)?
         .map(|source| (source.channel, source.handle))
         .unzip();
     let broadcaster = EventBroadcaster::default();
@@ -201,6 +191,29 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     }
     drop(ebpf_handle);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The eBPF hint source (none in run-once mode, or when `auto` falls back to relisting).
+fn hint_source(
+    config: &AgentConfig,
+    pod_cgroups: &PodContainerManager,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<ebpf::HintSource>> {
+    if config.runonce {
+        return Ok(None);
+    }
+    ebpf::start_hint_source(
+        config.kubelet.pleg_mode,
+        pod_cgroups.pods_cgroup2_dir(),
+        config.ebpf_ring_buffer_bytes,
+        metrics,
+    )
+    .map_err(|err| {
+        anyhow::anyhow!(
+            "--pleg-mode=ebpf: the eBPF PLEG cannot start: {}",
+            error_chain(&err)
+        )
+    })
 }
 
 /// The API server client from `--kubeconfig`, after the TLS bootstrap when `--bootstrap-kubeconfig`

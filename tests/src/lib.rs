@@ -22,6 +22,7 @@ use serde_json::Value;
 pub mod cluster;
 pub mod cluster_node;
 pub mod daemon;
+pub mod node_lock;
 
 pub use cluster::{Cluster, require_cluster};
 
@@ -286,6 +287,8 @@ pub struct Agent {
     options_args: Vec<String>,
     wrapper: Vec<String>,
     client_ca_file: PathBuf,
+    // Dropped after the agent is stopped (fields drop after `Drop::drop`).
+    _node_lock: node_lock::NodeLock,
 }
 
 impl Agent {
@@ -342,6 +345,7 @@ impl Agent {
             .clone()
             .unwrap_or_else(|| ClientIdentity::ca_file(dir.path()));
         let mut agent = Self {
+            _node_lock: node_lock::node_lock()?,
             child: None,
             client_ca_file,
             dir,

@@ -402,24 +402,53 @@ fn without_bpffs_the_agent_says_why_and_runs_the_relist_pleg() -> Result<()> {
     }
     // The agent gets a mount namespace of its own where /sys/fs/bpf is a tmpfs: the pins cannot be
     // made, so the programs are not loaded. The host's mounts stay as they are (private propagation).
+    let without_bpffs = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        r#"mount -t tmpfs e2e-no-bpffs /sys/fs/bpf && exec "$0" "$@""#,
+    ];
+    // Asked for explicitly, the eBPF PLEG is not quietly replaced: the agent does not start.
+    let dir = tempfile::tempdir()?;
+    let refused = Command::new(without_bpffs[0])
+        .args(&without_bpffs[1..])
+        .arg(ringlet_binary()?)
+        .args([
+            "--pleg-mode=ebpf",
+            "--hostname-override",
+            "e2e-ebpf-refused",
+            "--root-dir",
+            &dir.path().join("root").display().to_string(),
+            "--events-socket",
+            &dir.path().join("events.sock").display().to_string(),
+            "--read-only-port=0",
+            "--healthz-port=0",
+            "--enable-server=false",
+        ])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        !refused.status.success(),
+        "--pleg-mode=ebpf must not fall back: {stderr}"
+    );
+    ensure!(
+        stderr.contains("--pleg-mode=ebpf: the eBPF PLEG cannot start")
+            && stderr.contains("/sys/fs/bpf is not on a bpf filesystem"),
+        "{stderr}"
+    );
     let agent = Agent::start_wrapped(
         "ebpf-fallback",
         AgentOptions {
             args: vec![
-                "--pleg-mode=ebpf".to_owned(),
+                "--pleg-mode=auto".to_owned(),
                 "--pleg-relist-period=1s".to_owned(),
             ],
             ..AgentOptions::default()
         },
-        &[
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            r#"mount -t tmpfs e2e-no-bpffs /sys/fs/bpf && exec "$0" "$@""#,
-        ],
+        &without_bpffs,
     )?;
     assert_eq!(agent.metric(r#"ringlet_pleg_mode{mode="relist"}"#)?, 1);
     assert_eq!(agent.metric(r#"ringlet_pleg_mode{mode="ebpf"}"#)?, 0);
@@ -449,6 +478,45 @@ fn without_bpffs_the_agent_says_why_and_runs_the_relist_pleg() -> Result<()> {
         "the relist PLEG relists every second"
     );
     assert_eq!(agent.metric(TARGETED)?, 0);
+    Ok(())
+}
+
+#[test]
+fn a_second_agent_leaves_the_first_ones_pins_alone() -> Result<()> {
+    if !require_ebpf_lab("a_second_agent_leaves_the_first_ones_pins_alone") {
+        return Ok(());
+    }
+    let first = ebpf_agent("ebpf-first", &[])?;
+    let pins = || -> Result<Vec<String>> {
+        let mut names: Vec<String> = fs::read_dir(PIN_DIR)?
+            .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_>>()?;
+        names.sort();
+        Ok(names)
+    };
+    let before = pins()?;
+    ensure!(
+        !before.is_empty(),
+        "the first agent pins its maps and links"
+    );
+    let second = Agent::start(
+        "ebpf-second",
+        AgentOptions {
+            args: vec!["--pleg-mode=auto".to_owned()],
+            ..AgentOptions::default()
+        },
+    )?;
+    assert_eq!(second.metric(r#"ringlet_pleg_mode{mode="relist"}"#)?, 1);
+    let log = second.log();
+    ensure!(
+        log.contains("is in use by another ringlet (pid "),
+        "the fallback names the holder:\n{}",
+        tail(&log, 20)
+    );
+    assert_eq!(pins()?, before, "the first agent's pins are untouched");
+    assert_eq!(first.metric(r#"ringlet_pleg_mode{mode="ebpf"}"#)?, 1);
+    drop(second);
+    assert_eq!(pins()?, before, "and stay when the second agent stops");
     Ok(())
 }
 

@@ -39,11 +39,14 @@ pub struct Agent {
     child: Child,
     pub log: PathBuf,
     stopped: bool,
+    // One node agent at a time on the lab's containerd; released after the agent stopped.
+    _node_lock: ringlet_tests::node_lock::NodeLock,
 }
 
 impl Agent {
     /// Starts `command` with stdout and stderr going to `log`.
     pub fn spawn(command: &mut Command, log: PathBuf) -> Result<Self> {
+        let node_lock = ringlet_tests::node_lock::node_lock()?;
         let log_file =
             fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let child = command
@@ -56,6 +59,7 @@ impl Agent {
             child,
             log,
             stopped: false,
+            _node_lock: node_lock,
         })
     }
 

@@ -1,6 +1,7 @@
 //! Chooses the PLEG's hint source at start-up (`--pleg-mode`): the eBPF programs when they load and
-//! attach, otherwise none, so the PLEG relists, with one log line saying why. Also keeps the
-//! kernel's drop counter visible as `ringlet_ebpf_ring_buffer_drops_total`.
+//! attach; otherwise, in `auto` mode, none, so the PLEG relists, with one log line saying why, and in
+//! `ebpf` mode an error that stops the agent. Also keeps the kernel's drop counter visible as
+//! `ringlet_ebpf_ring_buffer_drops_total`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{EbpfHandle, EbpfOptions};
+use super::{EbpfError, EbpfHandle, EbpfOptions};
 use crate::apis::config::PlegModeSetting;
 use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
@@ -28,22 +29,30 @@ pub struct HintSource {
 }
 
 /// Starts the eBPF hint source unless `mode` is `relist`. `pods_cgroup` is the cgroup2 directory of
-/// the pods' parent (`None` when the host has no cgroup2). Any failure is logged once with its cause
-/// and yields `None`: the agent then runs the relist PLEG.
+/// the pods' parent (`None` when the host has no cgroup2). In `auto` mode a failure is logged once
+/// with its cause and yields `Ok(None)`: the agent then runs the relist PLEG. In `ebpf` mode it is
+/// the error.
 pub fn start_hint_source(
     mode: PlegModeSetting,
     pods_cgroup: Option<PathBuf>,
     ring_buffer_bytes: u32,
     metrics: &Metrics,
-) -> Option<HintSource> {
+) -> Result<Option<HintSource>, EbpfError> {
     if mode == PlegModeSetting::Relist {
-        return None;
+        return Ok(None);
     }
-    let Some(pods_cgroup) = pods_cgroup else {
+    let unavailable = |err: EbpfError| {
+        if mode == PlegModeSetting::Ebpf {
+            return Err(err);
+        }
         tracing::warn!(
-            "eBPF PLEG unavailable: the host mounts no cgroup2 hierarchy; running the relist PLEG"
+            "eBPF PLEG unavailable, running the relist PLEG: {}",
+            error_chain(&err)
         );
-        return None;
+        Ok(None)
+    };
+    let Some(pods_cgroup) = pods_cgroup else {
+        return unavailable(EbpfError::NoCgroup2Mount);
     };
     let (sender, hints) = mpsc::channel(HINT_CHANNEL_CAPACITY);
     let refresh = sender.downgrade();
@@ -60,18 +69,12 @@ pub fn start_hint_source(
                 Arc::downgrade(&handle),
                 metrics.clone(),
             ));
-            Some(HintSource {
+            Ok(Some(HintSource {
                 channel: HintChannel { hints, refresh },
                 handle,
-            })
+            }))
         }
-        Err(err) => {
-            tracing::warn!(
-                "eBPF PLEG unavailable, running the relist PLEG: {}",
-                error_chain(&err)
-            );
-            None
-        }
+        Err(err) => unavailable(err),
     }
 }
 

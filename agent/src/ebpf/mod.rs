@@ -34,6 +34,7 @@ use aya::maps::{CgroupArray, Map, MapData, MapError, MapType, PerCpuArray, RingB
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{BtfTracePoint, ProgramError, ProgramType};
 use aya::{Btf, BtfError, EbpfLoader};
+use nix::fcntl::{Flock, FlockArg};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -82,6 +83,10 @@ pub enum EbpfError {
     RingBufferSize { bytes: u32, page_size: u64 },
     #[error("{path} is not on a bpf filesystem (mount one: `mount -t bpf bpf /sys/fs/bpf`)")]
     NoBpffs { path: PathBuf },
+    #[error("the host mounts no cgroup2 hierarchy (the programs identify pods by cgroup2 ids)")]
+    NoCgroup2Mount,
+    #[error("the pin directory {path} is in use by another ringlet{holder}")]
+    PinsInUse { path: PathBuf, holder: String },
     #[error(
         "{path} is not in a mounted cgroup2 hierarchy (/proc/self/mountinfo lists no cgroup2 mount above it)"
     )]
@@ -173,6 +178,8 @@ pub struct EbpfHandle {
     attached: Vec<&'static str>,
     // Holds the loaded programs; the links above keep them attached.
     _ebpf: aya::Ebpf,
+    // Released last, once the pins are gone.
+    _pin_lock: Flock<File>,
 }
 
 impl std::fmt::Debug for EbpfHandle {
@@ -325,6 +332,7 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
             .map_err(|e| map_error(ringlet_ebpf::PODS_CGROUP_MAP, e))?;
     }
 
+    let pin_lock = lock_pin_dir(&options.pin_dir)?;
     clear_stale_pins(&options.pin_dir)?;
     let mut pins = Pins {
         dir: options.pin_dir,
@@ -379,6 +387,7 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
         counters,
         attached,
         _ebpf: ebpf,
+        _pin_lock: pin_lock,
     })
 }
 
@@ -526,6 +535,43 @@ fn statfs_type(path: &Path) -> io::Result<i64> {
         reason = "f_type's width differs between architectures"
     )]
     Ok(i64::from(stat.f_type))
+}
+
+/// Takes the pin directory for this agent: an exclusive `flock` on the directory, held until the
+/// handle drops, so a second agent on the machine cannot remove the first one's pins as stale.
+fn lock_pin_dir(pin_dir: &Path) -> Result<Flock<File>, EbpfError> {
+    std::fs::create_dir_all(pin_dir)
+        .map_err(|source| io_error("creating the pin directory", pin_dir, source))?;
+    let dir = File::open(pin_dir)
+        .map_err(|source| io_error("opening the pin directory", pin_dir, source))?;
+    let inode = dir.metadata().map(|m| m.ino()).ok();
+    Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        if errno == nix::errno::Errno::EWOULDBLOCK {
+            EbpfError::PinsInUse {
+                path: pin_dir.to_path_buf(),
+                holder: inode
+                    .and_then(lock_holder)
+                    .map(|pid| format!(" (pid {pid})"))
+                    .unwrap_or_default(),
+            }
+        } else {
+            io_error("locking the pin directory", pin_dir, errno.into())
+        }
+    })
+}
+
+/// The pid holding a `flock` on the file with `inode`, from `/proc/locks`.
+fn lock_holder(inode: u64) -> Option<u32> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        // `1: FLOCK  ADVISORY  WRITE 1234 00:1d:5678 0 EOF`: pid, then major:minor:inode.
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (pid, device_inode) = (fields.get(4)?, fields.get(5)?);
+        let locked_inode: u64 = device_inode.rsplit(':').next()?.parse().ok()?;
+        (fields.get(1) == Some(&"FLOCK") && locked_inode == inode)
+            .then(|| pid.parse().ok())
+            .flatten()
+    })
 }
 
 /// Removes whatever a crashed run left in the pin directory: its pinned links keep old programs
