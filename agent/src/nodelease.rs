@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 
-use crate::apiserver::{ApiClient, is_not_found};
+use crate::apiserver::{ApiClient, is_conflict, is_not_found};
 use crate::status::wall_clock_now;
 
 /// The namespace of node leases.
@@ -27,6 +27,9 @@ pub struct NodeLease {
     duration_seconds: u32,
     renew_interval: Duration,
     node: watch::Receiver<Option<Node>>,
+    /// The lease as the last successful write returned it: the next renewal updates it directly
+    /// (one request), and reads it again only after a conflict or when it is gone.
+    latest: Option<Lease>,
 }
 
 impl NodeLease {
@@ -44,6 +47,7 @@ impl NodeLease {
             duration_seconds,
             renew_interval,
             node,
+            latest: None,
         }
     }
 
@@ -72,13 +76,17 @@ impl NodeLease {
         node.as_ref().and_then(|n| n.metadata.uid.clone())
     }
 
-    /// One renewal: update the lease, or create it when it does not exist. Returns whether it
-    /// worked (failures are logged).
-    async fn renew(&self, owner_uid: &str) -> bool {
+    /// One renewal: update the lease (read first unless the last write returned it), or create it
+    /// when it does not exist. Returns whether it worked (failures are logged).
+    async fn renew(&mut self, owner_uid: &str) -> bool {
         let api: Api<Lease> = Api::namespaced(self.client.client(), LEASE_NAMESPACE);
-        let name = &self.node_name;
+        let name = self.node_name.clone();
         let action = |verb: &str| format!("{verb} lease {LEASE_NAMESPACE}/{name}");
-        match api.get(name).await {
+        let current = match self.latest.take() {
+            Some(lease) => Ok(lease),
+            None => api.get(&name).await,
+        };
+        match current {
             Ok(mut lease) => {
                 lease.spec = Some(self.spec(lease.spec.take()));
                 if lease
@@ -89,8 +97,13 @@ impl NodeLease {
                 {
                     lease.metadata.owner_references = Some(vec![self.owner(owner_uid)]);
                 }
-                match api.replace(name, &PostParams::default(), &lease).await {
-                    Ok(_) => true,
+                match api.replace(&name, &PostParams::default(), &lease).await {
+                    Ok(renewed) => {
+                        self.latest = Some(renewed);
+                        true
+                    }
+                    // Written or deleted by someone else since: read it again right away.
+                    Err(err) if is_conflict(&err) || is_not_found(&err) => false,
                     Err(err) => {
                         tracing::warn!(
                             "failed to renew the node lease: {}",
@@ -111,7 +124,8 @@ impl NodeLease {
                     spec: Some(self.spec(None)),
                 };
                 match api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => {
+                    Ok(created) => {
+                        self.latest = Some(created);
                         tracing::info!(lease = %format!("{LEASE_NAMESPACE}/{name}"), "created the node lease");
                         true
                     }
