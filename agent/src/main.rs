@@ -330,7 +330,7 @@ fn build_runtime(
     let helper = Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
         node,
-        host_ip: ringlet::kubelet::node_ip().to_string(),
+        host_ip: node_status_settings(config).host_ip().to_string(),
         root_dir: config.root_dir.clone(),
         pod_log_root: kc.pod_logs_dir.clone(),
         pod_cgroups: Arc::clone(pod_cgroups),
@@ -355,7 +355,7 @@ fn build_runtime(
 /// kubeconfig) stops the agent at startup with the reason.
 fn api_serving(config: &AgentConfig, api_client: Option<ApiClient>) -> anyhow::Result<ApiServing> {
     let kc = &config.kubelet;
-    let mut addresses: Vec<IpAddr> = vec![ringlet::kubelet::node_ip()];
+    let mut addresses: Vec<IpAddr> = vec![node_status_settings(config).host_ip()];
     if !kc.address.is_unspecified() && !addresses.contains(&kc.address) {
         addresses.push(kc.address);
     }

@@ -155,7 +155,7 @@ impl Kubelet {
             pod_cgroups: Arc::clone(&pod_cgroups),
             recorder: recorder.clone(),
             runtime_state: runtime_state.clone(),
-            host_ip: node_ip().to_string(),
+            host_ip: settings.node.host_ip().to_string(),
             pods_dir: settings.root_dir.join("pods"),
             metrics: metrics.clone(),
             latency: latency.clone(),

@@ -58,6 +58,16 @@ pub struct NodeStatusSettings {
     pub root_dir: PathBuf,
 }
 
+impl NodeStatusSettings {
+    /// The node's primary address: the first `--node-ip`, else the default route's address.
+    pub fn host_ip(&self) -> IpAddr {
+        self.node_ips
+            .first()
+            .copied()
+            .unwrap_or_else(super::node_ip)
+    }
+}
+
 /// Computes, registers and reports the Node; see the module docs.
 pub struct NodeStatusManager {
     settings: NodeStatusSettings,
