@@ -731,9 +731,11 @@ impl VolumeManager {
     ) -> Result<(), VolumeError> {
         let name = volume.name.clone();
         let source = Source::of(volume)?;
+        // Every volume but a hostPath (which returns first) lives in a plugin directory.
         let dir = source
             .plugin_dir()
-            .map(|plugin| volume_dir(pod_dir, plugin, &name));
+            .map(|plugin| volume_dir(pod_dir, plugin, &name))
+            .unwrap_or_default();
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let memory = |limit| Medium::Memory {
             size: memory_volume_size(&self.node_allocatable(), pod, limit),
@@ -754,7 +756,6 @@ impl VolumeManager {
                         });
                     }
                 };
-                let dir = dir.unwrap_or_default();
                 return self
                     .blocking(move |mounter| setup_dir(&name, &dir, medium, mounter))
                     .await;
@@ -796,7 +797,6 @@ impl VolumeManager {
                 (payload, memory(None))
             }
         };
-        let dir = dir.unwrap_or_default();
         self.blocking(move |mounter| {
             setup_dir(&name, &dir, medium, mounter)?;
             atomic_writer::write(&dir, &payload)?;
