@@ -30,6 +30,7 @@ use ringlet::kubelet::{
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
+use ringlet::objects::ApiObjects;
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::server::auth::{AuthSettings, AuthorizationMode, KubeletAuth};
 use ringlet::server::{self, ApiServing, ServeLimits, ServingTls, TlsSettings};
@@ -103,18 +104,15 @@ fn init_logging(verbosity: u8) {
 
 async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> {
     let kc = &config.kubelet;
-    std::fs::create_dir_all(config.root_dir.join("pods")).with_context(|| {
-        format!(
-            "cannot create the root directory {}",
-            config.root_dir.display()
-        )
-    })?;
+    create_pods_dir(&config)?;
     let api_client = connect_api_server(&config).await?;
     let recorder = event_recorder(&config, api_client.as_ref())?;
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
     let (published_node, node) = watch::channel(None);
-    let runtime_manager = build_runtime(&config, engine, &pod_cgroups, &recorder, node);
+    let objects = api_client.as_ref().map(ApiObjects::start);
+    let helper = node_helper(&config, &pod_cgroups, node, objects.clone());
+    let runtime_manager = build_runtime(&config, engine, &recorder, helper);
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
     let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
     let (updates, sources_ready) = podconfig::start(
@@ -145,6 +143,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
             metrics,
             broadcaster: broadcaster.clone(),
             api: api_client.clone(),
+            objects,
             node: published_node,
         },
     );
@@ -212,6 +211,16 @@ fn hint_source(
         anyhow::anyhow!(
             "--pleg-mode=ebpf: the eBPF PLEG cannot start: {}",
             error_chain(&err)
+        )
+    })
+}
+
+/// `<root-dir>/pods`, where the pods' volumes and data live.
+fn create_pods_dir(config: &AgentConfig) -> anyhow::Result<()> {
+    std::fs::create_dir_all(config.root_dir.join("pods")).with_context(|| {
+        format!(
+            "cannot create the root directory {}",
+            config.root_dir.display()
         )
     })
 }
@@ -322,19 +331,10 @@ async fn serve_events(
 fn build_runtime(
     config: &AgentConfig,
     engine: IoEngine,
-    pod_cgroups: &Arc<PodContainerManager>,
     recorder: &Recorder,
-    node: watch::Receiver<Option<Node>>,
+    helper: Arc<NodeHelper>,
 ) -> Arc<KubeGenericRuntimeManager> {
     let kc = &config.kubelet;
-    let helper = Arc::new(NodeHelper {
-        node_name: config.node_name.clone(),
-        node,
-        host_ip: node_status_settings(config).host_ip().to_string(),
-        root_dir: config.root_dir.clone(),
-        pod_log_root: kc.pod_logs_dir.clone(),
-        pod_cgroups: Arc::clone(pod_cgroups),
-    });
     let cri = CriClient::from_channel(
         &kc.container_runtime_endpoint,
         io::unix_channel(kc.runtime_socket_path().to_path_buf(), engine),
@@ -349,6 +349,25 @@ fn build_runtime(
             ..RuntimeSettings::default()
         },
     ))
+}
+
+/// What the runtime manager asks of the node: its name, addresses and directories, the published
+/// Node, and what containers' environments read from the API server.
+fn node_helper(
+    config: &AgentConfig,
+    pod_cgroups: &Arc<PodContainerManager>,
+    node: watch::Receiver<Option<Node>>,
+    objects: Option<ApiObjects>,
+) -> Arc<NodeHelper> {
+    Arc::new(NodeHelper {
+        node_name: config.node_name.clone(),
+        node,
+        host_ip: node_status_settings(config).host_ip().to_string(),
+        root_dir: config.root_dir.clone(),
+        pod_log_root: config.kubelet.pod_logs_dir.clone(),
+        pod_cgroups: Arc::clone(pod_cgroups),
+        objects,
+    })
 }
 
 /// TLS and authentication for the kubelet API; any problem (a bad certificate, an unreachable

@@ -96,6 +96,7 @@ impl Agent {
             root_dir: root.path().to_owned(),
             pod_log_root: root.path().join("logs"),
             pod_cgroups: Arc::clone(&pod_cgroups),
+            objects: None,
         });
         let cri = CriClient::new(&fake.endpoint(), Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("creating the CRI client: {e}"));
@@ -145,6 +146,7 @@ impl Agent {
                 metrics: Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
                 broadcaster: EventBroadcaster::default(),
                 api: None,
+                objects: None,
                 node: published_node,
             },
         );

@@ -19,6 +19,7 @@ use ringlet::container::{
 };
 use ringlet::events::Recorder;
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeHelper, RuntimeSettings};
+use ringlet::volumes::VolumeManager;
 use ringlet_proto::runtime::v1 as cri;
 use serde_json::json;
 use support::fake_cri::{FakeContainer, FakeCri};
@@ -224,6 +225,12 @@ async fn first_sync_creates_the_sandbox_and_containers_from_the_spec() {
         },
     }));
 
+    // The kubelet's volume manager prepares the volumes before the runtime's sync.
+    let (_node, node) = tokio::sync::watch::channel(None);
+    VolumeManager::new(setup.path().join("pods"), None, node)
+        .mount_pod(&pod)
+        .await
+        .unwrap_or_else(|failures| panic!("mounting the volumes: {failures:?}"));
     let result = setup.sync_ok(&pod).await;
     assert_eq!(
         result.results.iter().map(|r| r.action).collect::<Vec<_>>(),

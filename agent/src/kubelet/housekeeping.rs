@@ -1,6 +1,6 @@
 //! Housekeeping (the kubelet's `HandlePodCleanups` plus container GC): forget finished workers, drop
 //! orphaned statuses, stop runtime pods no source wants, remove dead containers and sandboxes, and
-//! remove pod cgroups nothing uses. Runs only once every source is ready, so a slow source never gets
+//! remove pod cgroups and pod directories (volumes unmounted) nothing uses. Runs only once every source is ready, so a slow source never gets
 //! its pods killed.
 
 use std::collections::HashSet;
@@ -14,6 +14,7 @@ use crate::container::{PodUid, Runtime};
 use crate::pleg::LatencyTracker;
 use crate::pod_workers::PodWorkers;
 use crate::status::StatusManager;
+use crate::volumes::VolumeManager;
 
 use super::PodManager;
 
@@ -23,6 +24,7 @@ const GC_PERIOD: Duration = Duration::from_mins(1);
 pub struct Housekeeping {
     runtime: Arc<dyn Runtime>,
     pod_cgroups: Arc<PodContainerManager>,
+    volumes: VolumeManager,
     max_dead_containers_per_container: usize,
     gc_requested: bool,
     last_gc: Option<Instant>,
@@ -34,11 +36,13 @@ impl Housekeeping {
     pub fn new(
         runtime: Arc<dyn Runtime>,
         pod_cgroups: Arc<PodContainerManager>,
+        volumes: VolumeManager,
         max_dead_containers_per_container: usize,
     ) -> Self {
         Self {
             runtime,
             pod_cgroups,
+            volumes,
             max_dead_containers_per_container,
             gc_requested: true,
             last_gc: None,
@@ -58,6 +62,9 @@ impl Housekeeping {
         status: &StatusManager,
         latency: &LatencyTracker,
     ) {
+        // Listed before the pods wanted are read: a directory that exists now belongs to a pod the
+        // pod manager already knows, unless that pod is gone.
+        let pod_dirs = self.volumes.pod_dirs().await;
         let desired = pods.uids();
         if !workers.forget_finished(&desired).is_empty() {
             // A pod finished terminating: its dead containers and sandbox can go now.
@@ -93,6 +100,13 @@ impl Housekeeping {
         }
 
         let in_runtime: HashSet<&PodUid> = running.iter().map(|p| &p.uid).collect();
+        let orphaned_dirs: Vec<PodUid> = pod_dirs
+            .into_iter()
+            .filter(|uid| !keep.contains(uid) && !in_runtime.contains(uid))
+            .collect();
+        if !orphaned_dirs.is_empty() {
+            self.volumes.remove_pod_dirs(orphaned_dirs).await;
+        }
         match self.pod_cgroups.list_pod_cgroups() {
             Ok(cgroups) => {
                 for cgroup in cgroups {

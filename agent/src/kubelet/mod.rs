@@ -23,7 +23,9 @@ use tokio::time::MissedTickBehavior;
 use crate::apiserver::ApiClient;
 use crate::lifecycle::{Rejection, admit};
 use crate::nodelease::NodeLease;
+use crate::objects::ApiObjects;
 use crate::pod::{MirrorPods, is_mirror_pod};
+use crate::volumes::VolumeManager;
 
 use crate::cm::PodContainerManager;
 use crate::container::{PodCache, Runtime};
@@ -86,6 +88,9 @@ pub struct KubeletDeps {
     pub broadcaster: EventBroadcaster,
     /// The API server of the cluster this node joins; `None` for a standalone agent.
     pub api: Option<ApiClient>,
+    /// What pods refer to on that API server (ConfigMaps, Secrets, tokens, Services); `None`
+    /// standalone.
+    pub objects: Option<ApiObjects>,
     /// Where the current Node is published (the runtime helper reads its allocatable).
     pub node: watch::Sender<Option<Node>>,
 }
@@ -128,6 +133,7 @@ impl Kubelet {
             metrics,
             broadcaster,
             api,
+            objects,
             node: published_node,
         } = deps;
         let cache = Arc::new(pleg_hints.as_ref().map_or_else(PodCache::new, |channel| {
@@ -148,6 +154,11 @@ impl Kubelet {
         tracing::info!(mode = %pleg_handle.mode(), "pleg mode");
         let status = StatusManager::new();
         let runtime_state = RuntimeState::new_unknown();
+        let volumes = VolumeManager::new(
+            settings.root_dir.join("pods"),
+            objects.clone(),
+            published_node.subscribe(),
+        );
         let syncer = Arc::new(KubeletSyncer {
             runtime: Arc::clone(&runtime),
             status: status.clone(),
@@ -156,7 +167,8 @@ impl Kubelet {
             recorder: recorder.clone(),
             runtime_state: runtime_state.clone(),
             host_ip: settings.node.host_ip().to_string(),
-            pods_dir: settings.root_dir.join("pods"),
+            volumes: volumes.clone(),
+            objects,
             metrics: metrics.clone(),
             latency: latency.clone(),
         });
@@ -171,6 +183,7 @@ impl Kubelet {
         let housekeeping = Housekeeping::new(
             Arc::clone(&runtime),
             Arc::clone(&pod_cgroups),
+            volumes,
             settings.max_dead_containers_per_container,
         );
         let node = published_node.subscribe();

@@ -18,8 +18,11 @@ use crate::container::{
 };
 use crate::io::IoEngine;
 use crate::kuberuntime::RuntimeHelper;
+use crate::kuberuntime::container::EnvSources;
 use crate::metrics::Metrics;
+use crate::objects::ApiObjects;
 use crate::pleg::PlegHandle;
+use crate::podconfig::is_static_pod;
 use crate::server::{FoundContainer, HealthCheck, HostError, PodRef, ServerHost};
 use crate::stats::{PodStatsInput, StatsProvider, Summary};
 use crate::status::StatusManager;
@@ -263,8 +266,11 @@ pub struct NodeHelper {
     /// Where pod log directories go (the kubelet's `/var/log/pods`).
     pub pod_log_root: PathBuf,
     pub pod_cgroups: Arc<PodContainerManager>,
+    /// What containers' environments read from the API server; `None` standalone.
+    pub objects: Option<ApiObjects>,
 }
 
+#[async_trait]
 impl RuntimeHelper for NodeHelper {
     fn pod_cgroup_parent(&self, pod: &Pod) -> Result<String, String> {
         self.pod_cgroups
@@ -294,5 +300,31 @@ impl RuntimeHelper for NodeHelper {
 
     fn pod_log_dir(&self, namespace: &str, name: &str, uid: &PodUid) -> PathBuf {
         self.pod_log_root.join(format!("{namespace}_{name}_{uid}"))
+    }
+
+    async fn env_sources(&self, pod: &Pod, container: &Container) -> Result<EnvSources, String> {
+        let Some(objects) = &self.objects else {
+            return Ok(EnvSources::default());
+        };
+        // As the kubelet: a pod from the API server waits for the first list of Services, so a
+        // restart does not start it without KUBERNETES_SERVICE_HOST.
+        if !is_static_pod(pod) && !objects.services.has_synced() {
+            return Err(
+                "services have not yet been read at least once, cannot construct envvars"
+                    .to_owned(),
+            );
+        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let enable_service_links = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.enable_service_links)
+            .unwrap_or(true);
+        let (config_maps, secrets) = objects.env_objects(namespace, container).await;
+        Ok(EnvSources {
+            config_maps,
+            secrets,
+            service_env: objects.services.env_for(namespace, enable_service_links),
+        })
     }
 }

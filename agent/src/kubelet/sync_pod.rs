@@ -1,6 +1,8 @@
 //! One pod transaction (the kubelet's `Kubelet.syncPod`, `syncTerminatingPod` and
 //! `syncTerminatedPod` in `pkg/kubelet/kubelet.go`): generate and store the pod's API status, make sure
-//! its cgroup exists, let the runtime move it one step towards its spec; stop it; release what it held.
+//! its cgroup exists, prepare its volumes (a volume that cannot be prepared is a `FailedMount` event
+//! and the pod does not start), let the runtime move it one step towards its spec; stop it; release
+//! what it held.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,11 +15,12 @@ use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{PodStatus, PodUid, Runtime};
 use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
+use crate::objects::ApiObjects;
 use crate::pleg::LatencyTracker;
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
 use crate::podconfig::CONFIG_SEEN_ANNOTATION;
 use crate::status::{ReasonCache, StatusManager, generate_api_pod_status};
-use crate::volumes;
+use crate::volumes::VolumeManager;
 
 use super::runtime_state::RuntimeState;
 
@@ -30,7 +33,9 @@ pub struct KubeletSyncer {
     pub recorder: Recorder,
     pub runtime_state: RuntimeState,
     pub host_ip: String,
-    pub pods_dir: std::path::PathBuf,
+    pub volumes: VolumeManager,
+    /// What the pods refer to on the API server; `None` standalone.
+    pub objects: Option<ApiObjects>,
     pub metrics: Metrics,
     /// Observes kernel → status latency when a status changes after a hint-driven PLEG event.
     pub latency: LatencyTracker,
@@ -119,6 +124,41 @@ impl KubeletSyncer {
     }
 }
 
+impl KubeletSyncer {
+    /// Prepares (or refreshes) the pod's volumes before the runtime starts anything (the kubelet's
+    /// `WaitForAttachAndMount`): each volume that fails is a `FailedMount` event, and the sync
+    /// fails so the pod is retried.
+    async fn mount_volumes(&self, pod: &Pod) -> Result<(), SyncError> {
+        if let Some(objects) = &self.objects {
+            objects.register_pod(pod);
+        }
+        let Err(failures) = self.volumes.mount_pod(pod).await else {
+            return Ok(());
+        };
+        for failure in &failures {
+            self.recorder.event(
+                EventType::Warning,
+                EventObject::pod(pod),
+                "FailedMount",
+                failure.message(),
+            );
+        }
+        let names: Vec<&str> = failures.iter().map(|f| f.volume.as_str()).collect();
+        Err(SyncError {
+            reason: "FailedMount",
+            message: format!(
+                "unable to mount volumes: unmounted volumes=[{}]: {}",
+                names.join(" "),
+                failures
+                    .iter()
+                    .map(|f| crate::error_chain::error_chain(&f.error))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        })
+    }
+}
+
 #[async_trait]
 impl PodSyncer for KubeletSyncer {
     async fn sync_pod(
@@ -151,6 +191,7 @@ impl PodSyncer for KubeletSyncer {
         if update_type == UpdateType::Create {
             tracing::info!(pod = %pod_object(pod), "syncing new pod");
         }
+        self.mount_volumes(pod).await?;
         let result = self.runtime.sync_pod(pod, status).await;
         self.reasons.update(&uid_of(pod), &result);
         match result.first_failure() {
@@ -223,12 +264,16 @@ impl PodSyncer for KubeletSyncer {
                 message: err.to_string(),
             })?;
         if pod_removed {
-            volumes::cleanup_pod_volumes(&self.pods_dir.join(uid.as_str())).map_err(|err| {
-                SyncError {
+            if let Some(objects) = &self.objects {
+                objects.unregister_pod(&uid);
+            }
+            self.volumes
+                .unmount_pod(&uid)
+                .await
+                .map_err(|err| SyncError {
                     reason: "FailedCleanupVolumes",
-                    message: err.to_string(),
-                }
-            })?;
+                    message: crate::error_chain::error_chain(&err),
+                })?;
             self.reasons.remove(&uid);
         }
         Ok(())

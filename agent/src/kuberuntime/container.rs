@@ -1,7 +1,10 @@
 //! Turns a pod's container spec into a CRI `ContainerConfig` (the kubelet's
-//! `kuberuntime_container.go` `generateContainerConfig` and `kuberuntime_container_linux.go`):
-//! environment (values, downward-API field references, `$(VAR)` expansion), command and args,
-//! resources as cgroup settings, security context, log path and annotations.
+//! `kuberuntime_container.go` `generateContainerConfig` and `kuberuntime_container_linux.go`, with
+//! `makeEnvironmentVariables` of `kubelet_pods.go`): environment (`envFrom` ConfigMaps and Secrets
+//! with their prefix, values with `$(VAR)` expansion, downward-API field and resource references,
+//! ConfigMap and Secret keys, service variables), command and args, resources as cgroup settings,
+//! security context, log path and annotations. ConfigMaps, Secrets and Services are looked up
+//! before ([`EnvSources`]), so building the config is pure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -12,6 +15,7 @@ use ringlet_proto::runtime::v1 as cri;
 
 use super::labels;
 use crate::cm::{QosClass, parse_quantity, qos_class};
+use crate::objects::{ObjectError, ObjectLookup};
 
 /// CFS period the quota is expressed in (100 ms, the kernel's and the kubelet's default).
 pub const CPU_PERIOD_US: i64 = 100_000;
@@ -50,14 +54,41 @@ pub enum ConfigError {
         var: String,
         referenced: String,
     },
-    #[error("container {container:?}: envFrom is not supported")]
-    EnvFromUnsupported { container: String },
+    /// Standalone: nothing to read ConfigMaps or Secrets from.
+    #[error("couldn't get {kind} {namespace}/{name}, no kubeClient defined")]
+    NoApiServer {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error("couldn't find key {key} in {kind} {namespace}/{name}")]
+    MissingKey {
+        key: String,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
     #[error("container {container:?}: invalid {resource} quantity {value:?}")]
     InvalidQuantity {
         container: String,
         resource: &'static str,
         value: String,
     },
+}
+
+/// What a container's environment refers to outside the pod, looked up before its config is built
+/// (the kubelet's `configMapManager`, `secretManager` and service lister reads).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvSources {
+    /// The ConfigMaps the container refers to, by name; one that is missing was not looked up
+    /// because there is no API server.
+    pub config_maps: BTreeMap<String, ObjectLookup>,
+    /// The Secrets, likewise.
+    pub secrets: BTreeMap<String, ObjectLookup>,
+    /// The service variables of the pod's namespace.
+    pub service_env: BTreeMap<String, String>,
 }
 
 /// Pod facts environment variables can refer to.
@@ -69,12 +100,46 @@ pub struct EnvContext<'a> {
     pub node_name: &'a str,
     /// The node's allocatable resources: what a `resourceFieldRef` to an unset limit reads.
     pub node_allocatable: &'a BTreeMap<String, Quantity>,
+    pub sources: &'a EnvSources,
+}
+
+/// Keys of an `envFrom` source that cannot be variable names, left out of the environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedKeys {
+    /// `configMap` or `secret`.
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    /// Sorted, with the prefix.
+    pub keys: Vec<String>,
+}
+
+impl SkippedKeys {
+    /// The kubelet's `InvalidEnvironmentVariableNames` event message.
+    pub fn message(&self) -> String {
+        format!(
+            "Keys [{}] from the EnvFrom {} {}/{} were skipped since they are considered invalid environment variable names.",
+            self.keys.join(", "),
+            self.kind,
+            self.namespace,
+            self.name
+        )
+    }
+}
+
+/// A container's environment: the variables in order, and what was left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Environment {
+    pub vars: Vec<cri::KeyValue>,
+    pub skipped: Vec<SkippedKeys>,
 }
 
 /// Everything else the config needs that the spec does not say.
 #[derive(Clone, Debug)]
 pub struct ContainerParams<'a> {
     pub restart_count: u32,
+    /// The environment from [`make_env`].
+    pub envs: Vec<cri::KeyValue>,
     /// The runtime's id of the image (from `ImageStatus`).
     pub image_id: &'a str,
     pub mounts: Vec<cri::Mount>,
@@ -254,9 +319,9 @@ fn field_value(
     Ok(value)
 }
 
-/// Expands `$(NAME)` references to earlier variables; `$$` escapes a `$`, unknown references stay
-/// as written (the Kubernetes expansion rules).
-pub fn expand<S: std::hash::BuildHasher>(text: &str, vars: &HashMap<String, String, S>) -> String {
+/// Expands `$(NAME)` references through `lookup`; `$$` escapes a `$`, unknown references stay as
+/// written (the Kubernetes expansion rules).
+pub fn expand<'v>(text: &str, lookup: impl Fn(&str) -> Option<&'v str>) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(pos) = rest.find('$') {
@@ -268,7 +333,7 @@ pub fn expand<S: std::hash::BuildHasher>(text: &str, vars: &HashMap<String, Stri
         } else if let Some(body) = after.strip_prefix('(') {
             if let Some(end) = body.find(')') {
                 let name = &body[..end];
-                if let Some(value) = vars.get(name) {
+                if let Some(value) = lookup(name) {
                     out.push_str(value);
                 } else {
                     out.push_str("$(");
@@ -289,18 +354,146 @@ pub fn expand<S: std::hash::BuildHasher>(text: &str, vars: &HashMap<String, Stri
     out
 }
 
-/// The container's environment, in spec order, with references resolved and expanded.
-pub fn make_env(
-    container: &Container,
-    ctx: &EnvContext<'_>,
-) -> Result<Vec<cri::KeyValue>, ConfigError> {
-    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(ConfigError::EnvFromUnsupported {
-            container: container.name.clone(),
-        });
+/// Whether `name` can be an environment variable name: printable ASCII without `=` (the API's
+/// relaxed rule, `IsRelaxedEnvVarName`, which every name a runtime can pass satisfies).
+fn is_env_var_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| (b' '..=b'~').contains(&b) && b != b'=')
+}
+
+/// Variables in the order they were first defined; a redefinition replaces the value in place.
+#[derive(Default)]
+struct OrderedEnv {
+    vars: Vec<(String, String)>,
+    index: HashMap<String, usize>,
+}
+
+impl OrderedEnv {
+    fn set(&mut self, name: String, value: String) {
+        if let Some(&i) = self.index.get(&name) {
+            self.vars[i].1 = value;
+        } else {
+            self.index.insert(name.clone(), self.vars.len());
+            self.vars.push((name, value));
+        }
     }
-    let mut vars: HashMap<String, String> = HashMap::new();
-    let mut out = Vec::new();
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.index.get(name).map(|&i| self.vars[i].1.as_str())
+    }
+}
+
+/// The data of a ConfigMap or Secret an environment refers to; `None` when it is optional and does
+/// not exist.
+fn env_object<'s>(
+    objects: &'s BTreeMap<String, ObjectLookup>,
+    kind: &'static str,
+    namespace: &str,
+    name: &str,
+    optional: bool,
+) -> Result<Option<&'s BTreeMap<String, String>>, ConfigError> {
+    match objects.get(name) {
+        Some(ObjectLookup::Found(data)) => Ok(Some(data)),
+        Some(ObjectLookup::Failed(err)) if err.is_not_found() && optional => Ok(None),
+        Some(ObjectLookup::Failed(err)) => Err(err.clone().into()),
+        None => Err(ConfigError::NoApiServer {
+            kind,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }),
+    }
+}
+
+/// A `configMapKeyRef` or `secretKeyRef`.
+struct KeyRef<'a> {
+    /// `configMap` or `secret`.
+    kind: &'static str,
+    namespace: &'a str,
+    name: &'a str,
+    key: &'a str,
+    optional: bool,
+}
+
+impl KeyRef<'_> {
+    /// The key's value; `None` when the reference is optional and the object or key is missing.
+    fn value(
+        &self,
+        objects: &BTreeMap<String, ObjectLookup>,
+    ) -> Result<Option<String>, ConfigError> {
+        let Some(data) = env_object(objects, self.kind, self.namespace, self.name, self.optional)?
+        else {
+            return Ok(None);
+        };
+        match data.get(self.key) {
+            Some(value) => Ok(Some(value.clone())),
+            None if self.optional => Ok(None),
+            None => Err(ConfigError::MissingKey {
+                key: self.key.to_owned(),
+                kind: if self.kind == "configMap" {
+                    "ConfigMap"
+                } else {
+                    "Secret"
+                },
+                namespace: self.namespace.to_owned(),
+                name: self.name.to_owned(),
+            }),
+        }
+    }
+}
+
+/// Adds the variables of the container's `envFrom` sources; returns the keys that could not be
+/// names.
+fn env_from(
+    container: &Container,
+    namespace: &str,
+    sources: &EnvSources,
+    env: &mut OrderedEnv,
+) -> Result<Vec<SkippedKeys>, ConfigError> {
+    let mut skipped = Vec::new();
+    for from in container.env_from.iter().flatten() {
+        let prefix = from.prefix.as_deref().unwrap_or_default();
+        let (kind, objects, name, optional) = if let Some(r) = &from.config_map_ref {
+            ("configMap", &sources.config_maps, &r.name, r.optional)
+        } else if let Some(r) = &from.secret_ref {
+            ("secret", &sources.secrets, &r.name, r.optional)
+        } else {
+            continue;
+        };
+        let Some(data) = env_object(objects, kind, namespace, name, optional == Some(true))? else {
+            continue;
+        };
+        let mut invalid = Vec::new();
+        for (key, value) in data {
+            let var = format!("{prefix}{key}");
+            if is_env_var_name(&var) {
+                env.set(var, value.clone());
+            } else {
+                invalid.push(var);
+            }
+        }
+        if !invalid.is_empty() {
+            invalid.sort();
+            skipped.push(SkippedKeys {
+                kind,
+                namespace: namespace.to_owned(),
+                name: name.clone(),
+                keys: invalid,
+            });
+        }
+    }
+    Ok(skipped)
+}
+
+/// The container's environment (the kubelet's `makeEnvironmentVariables`): `envFrom` first, then
+/// `env` in spec order (a later definition replaces an earlier value in place), then the service
+/// variables no one defined. Missing optional references are left out.
+pub fn make_env(container: &Container, ctx: &EnvContext<'_>) -> Result<Environment, ConfigError> {
+    let namespace = ctx.pod.metadata.namespace.as_deref().unwrap_or_default();
+    let sources = ctx.sources;
+    let mut env = OrderedEnv::default();
+    let skipped = env_from(container, namespace, sources, &mut env)?;
     for EnvVar {
         name,
         value,
@@ -312,35 +505,63 @@ pub fn make_env(
             var: name.clone(),
             source_kind,
         };
+        let literal = value.as_deref().unwrap_or_default();
         let resolved = match value_from {
-            None => expand(value.as_deref().unwrap_or_default(), &vars),
-            Some(from) => {
+            Some(from) if literal.is_empty() => {
                 if let Some(field) = &from.field_ref {
-                    field_value(&field.field_path, ctx, &container.name, name)?
-                } else if from.secret_key_ref.is_some() {
-                    return Err(unsupported("secretKeyRef"));
-                } else if from.config_map_key_ref.is_some() {
-                    return Err(unsupported("configMapKeyRef"));
+                    Some(field_value(&field.field_path, ctx, &container.name, name)?)
                 } else if let Some(selector) = &from.resource_field_ref {
-                    super::resource_field::resource_field_value(
+                    Some(super::resource_field::resource_field_value(
                         selector,
                         ctx.pod,
                         &container.name,
                         name,
                         ctx.node_allocatable,
-                    )?
+                    )?)
+                } else if let Some(r) = &from.config_map_key_ref {
+                    let reference = KeyRef {
+                        kind: "configMap",
+                        namespace,
+                        name: &r.name,
+                        key: &r.key,
+                        optional: r.optional == Some(true),
+                    };
+                    reference.value(&sources.config_maps)?
+                } else if let Some(r) = &from.secret_key_ref {
+                    let reference = KeyRef {
+                        kind: "secret",
+                        namespace,
+                        name: &r.name,
+                        key: &r.key,
+                        optional: r.optional == Some(true),
+                    };
+                    reference.value(&sources.secrets)?
                 } else {
                     return Err(unsupported("an unknown valueFrom source"));
                 }
             }
+            _ => Some(expand(literal, |var| {
+                env.get(var)
+                    .or_else(|| sources.service_env.get(var).map(String::as_str))
+            })),
         };
-        vars.insert(name.clone(), resolved.clone());
-        out.push(cri::KeyValue {
-            key: name.clone(),
-            value: resolved,
-        });
+        if let Some(resolved) = resolved {
+            env.set(name.clone(), resolved);
+        }
     }
-    Ok(out)
+    for (name, value) in &sources.service_env {
+        if env.get(name).is_none() {
+            env.set(name.clone(), value.clone());
+        }
+    }
+    Ok(Environment {
+        vars: env
+            .vars
+            .into_iter()
+            .map(|(key, value)| cri::KeyValue { key, value })
+            .collect(),
+        skipped,
+    })
 }
 
 /// The host file behind a container instance's termination message path:
@@ -401,13 +622,19 @@ pub fn container_config(
     ctx: &EnvContext<'_>,
     params: ContainerParams<'_>,
 ) -> Result<cri::ContainerConfig, ConfigError> {
-    let envs = make_env(container, ctx)?;
-    let vars: HashMap<String, String> = envs
-        .iter()
-        .map(|kv| (kv.key.clone(), kv.value.clone()))
-        .collect();
-    let expand_all = |list: &Option<Vec<String>>| -> Vec<String> {
-        list.iter().flatten().map(|s| expand(s, &vars)).collect()
+    let (command, args) = {
+        let vars: HashMap<&str, &str> = params
+            .envs
+            .iter()
+            .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+            .collect();
+        let expand_all = |list: &Option<Vec<String>>| -> Vec<String> {
+            list.iter()
+                .flatten()
+                .map(|s| expand(s, |name| vars.get(name).copied()))
+                .collect()
+        };
+        (expand_all(&container.command), expand_all(&container.args))
     };
     let resources = ContainerResources::of(container)?;
     let qos = qos_class(pod);
@@ -421,10 +648,10 @@ pub fn container_config(
             user_specified_image: container.image.clone().unwrap_or_default(),
             ..cri::ImageSpec::default()
         }),
-        command: expand_all(&container.command),
-        args: expand_all(&container.args),
+        command,
+        args,
         working_dir: container.working_dir.clone().unwrap_or_default(),
-        envs,
+        envs: params.envs,
         mounts: params.mounts,
         labels: labels::container_labels(pod, &container.name, ctx.node_name),
         annotations: labels::container_annotations(pod, container, params.restart_count),
@@ -499,6 +726,23 @@ mod tests {
                 ..EnvVarSource::default()
             }),
         }
+    }
+
+    fn vars(env: &Environment) -> Vec<(String, String)> {
+        env.vars
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect()
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn data(list: &[(&str, &str)]) -> ObjectLookup {
+        ObjectLookup::Found(pairs(list).into_iter().collect())
     }
 
     fn plain(name: &str, value: &str) -> EnvVar {
@@ -600,12 +844,9 @@ mod tests {
             host_ip: Some("192.168.1.2"),
             node_name: "node1",
             node_allocatable: &BTreeMap::new(),
+            sources: &EnvSources::default(),
         };
-        let env: Vec<(String, String)> = make_env(&c, &ctx)
-            .unwrap()
-            .into_iter()
-            .map(|kv| (kv.key, kv.value))
-            .collect();
+        let env = vars(&make_env(&c, &ctx).unwrap());
         let expected: Vec<(String, String)> = [
             ("NAME", "web"),
             ("NS", "prod"),
@@ -635,6 +876,7 @@ mod tests {
             host_ip: None,
             node_name: "n",
             node_allocatable: &BTreeMap::new(),
+            sources: &EnvSources::default(),
         };
         assert_eq!(
             make_env(&c, &ctx).unwrap_err().to_string(),
@@ -660,13 +902,16 @@ mod tests {
             host_ip: None,
             node_name: "n",
             node_allocatable: &BTreeMap::new(),
+            sources: &EnvSources::default(),
         };
+        let envs = make_env(&c, &ctx).unwrap().vars;
         let config = container_config(
             &pod,
             &c,
             &ctx,
             ContainerParams {
                 restart_count: 2,
+                envs,
                 image_id: "sha256:abc",
                 mounts: Vec::new(),
                 namespaces: cri::NamespaceOption::default(),
@@ -683,5 +928,152 @@ mod tests {
         assert_eq!(config.image.unwrap().image, "sha256:abc");
         assert_eq!(config.labels[labels::POD_UID], "u-1");
         assert_eq!(labels::restart_count(&config.annotations), 2);
+    }
+
+    fn env_container(json: serde_json::Value) -> Container {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn sources() -> EnvSources {
+        EnvSources {
+            config_maps: BTreeMap::from([
+                (
+                    "settings".to_owned(),
+                    data(&[("LEVEL", "debug"), ("MODE", "fast"), ("1st", "one")]),
+                ),
+                (
+                    "absent".to_owned(),
+                    ObjectLookup::Failed(ObjectError::NotFound {
+                        resource: "configmap",
+                        name: "absent".to_owned(),
+                    }),
+                ),
+            ]),
+            secrets: BTreeMap::from([(
+                "db".to_owned(),
+                data(&[("password", "s3cr3t"), ("user", "admin")]),
+            )]),
+            service_env: pairs(&[
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("LEVEL", "from-service"),
+                ("WEB_SERVICE_HOST", "10.96.0.9"),
+            ])
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    fn env_of(container: &Container, sources: &EnvSources) -> Result<Environment, ConfigError> {
+        let pod = pod_with(vec![container.clone()]);
+        let ctx = EnvContext {
+            pod: &pod,
+            pod_ips: &[],
+            host_ip: None,
+            node_name: "n",
+            node_allocatable: &BTreeMap::new(),
+            sources,
+        };
+        make_env(container, &ctx)
+    }
+
+    #[test]
+    fn env_from_comes_first_env_overrides_it_and_services_come_last() {
+        let c = env_container(serde_json::json!({
+            "name": "c",
+            "envFrom": [
+                {"configMapRef": {"name": "settings"}},
+                {"secretRef": {"name": "db"}, "prefix": "DB_"},
+                {"configMapRef": {"name": "absent", "optional": true}},
+            ],
+            "env": [
+                {"name": "MODE", "value": "slow"},
+                {"name": "USER", "valueFrom": {"secretKeyRef": {"name": "db", "key": "user"}}},
+                {"name": "LVL", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "LEVEL"}}},
+                {"name": "URL", "value": "http://$(WEB_SERVICE_HOST)/$(DB_user)"},
+                {"name": "GONE", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k", "optional": true}}},
+                {"name": "NOKEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "nope", "optional": true}}},
+            ],
+        }));
+        let env = env_of(&c, &sources()).unwrap();
+        assert_eq!(
+            vars(&env),
+            pairs(&[
+                ("1st", "one"),
+                ("LEVEL", "debug"),
+                ("MODE", "slow"),
+                ("DB_password", "s3cr3t"),
+                ("DB_user", "admin"),
+                ("USER", "admin"),
+                ("LVL", "debug"),
+                ("URL", "http://10.96.0.9/admin"),
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("WEB_SERVICE_HOST", "10.96.0.9"),
+            ])
+        );
+        assert!(env.skipped.is_empty());
+    }
+
+    #[test]
+    fn missing_objects_and_keys_fail_with_the_kubelets_messages() {
+        let secret_key = env_container(serde_json::json!({
+            "name": "c",
+            "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "nokey"}}}],
+        }));
+        assert_eq!(
+            env_of(&secret_key, &sources()).unwrap_err().to_string(),
+            "couldn't find key nokey in Secret prod/db"
+        );
+        let config_map_key = env_container(serde_json::json!({
+            "name": "c",
+            "env": [{"name": "P", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "k"}}}],
+        }));
+        assert_eq!(
+            env_of(&config_map_key, &sources()).unwrap_err().to_string(),
+            "couldn't find key k in ConfigMap prod/settings"
+        );
+        let missing = env_container(serde_json::json!({
+            "name": "c",
+            "envFrom": [{"configMapRef": {"name": "absent"}}],
+        }));
+        assert_eq!(
+            env_of(&missing, &sources()).unwrap_err().to_string(),
+            "configmap \"absent\" not found"
+        );
+        let standalone = env_container(serde_json::json!({
+            "name": "c",
+            "envFrom": [{"secretRef": {"name": "db"}}],
+        }));
+        assert_eq!(
+            env_of(&standalone, &EnvSources::default())
+                .unwrap_err()
+                .to_string(),
+            "couldn't get secret prod/db, no kubeClient defined"
+        );
+    }
+
+    #[test]
+    fn keys_that_cannot_be_variable_names_are_skipped_and_reported() {
+        let mut sources = sources();
+        sources.config_maps.insert(
+            "odd".to_owned(),
+            data(&[("good", "1"), ("bad=key", "2"), ("tab\tkey", "3")]),
+        );
+        let c = env_container(serde_json::json!({
+            "name": "c",
+            "envFrom": [{"configMapRef": {"name": "odd"}, "prefix": "P_"}],
+        }));
+        let env = env_of(
+            &c,
+            &EnvSources {
+                service_env: BTreeMap::new(),
+                ..sources
+            },
+        )
+        .unwrap();
+        assert_eq!(vars(&env), pairs(&[("P_good", "1")]));
+        assert_eq!(
+            env.skipped[0].message(),
+            "Keys [P_bad=key, P_tab\tkey] from the EnvFrom configMap prod/odd were skipped since they are considered invalid environment variable names."
+        );
     }
 }

@@ -25,19 +25,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 pub use backoff::BackOff;
 pub use cri::{CriClient, CriError};
+pub(crate) use resource_field::resource_field_value;
 
 use crate::container::{
     ContainerId, ImageInfo, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
     RuntimeCondition, RuntimeError, RuntimeStatus,
 };
 use crate::events::{EventObject, EventType, Recorder};
+use container::EnvSources;
 
 /// What the runtime manager needs from the rest of the agent (the kubelet's `RuntimeHelper`).
+#[async_trait]
 pub trait RuntimeHelper: Send + Sync {
     /// Absolute cgroupfs parent of the pod's sandbox and containers, e.g.
     /// `/kubepods/burstable/pod<uid>`; the caller has created it before the sync. An error says why
@@ -61,6 +64,13 @@ pub trait RuntimeHelper: Send + Sync {
     /// The node's allocatable resources (empty while unknown).
     fn node_allocatable(&self) -> BTreeMap<String, Quantity> {
         BTreeMap::new()
+    }
+
+    /// The ConfigMaps, Secrets and service variables `container`'s environment refers to (what the
+    /// kubelet's `makeEnvironmentVariables` reads); an error is the container's
+    /// `CreateContainerConfigError`. Without an API server there is nothing to read: the default.
+    async fn env_sources(&self, _pod: &Pod, _container: &Container) -> Result<EnvSources, String> {
+        Ok(EnvSources::default())
     }
 
     /// Why a running container must be restarted although its spec is unchanged, e.g.

@@ -11,7 +11,9 @@ use ringlet_proto::runtime::v1 as cri;
 use tokio::time::Instant;
 
 use super::changes::{PodActions, compute_pod_actions};
-use super::container::{ContainerParams, EnvContext, container_config, termination_message_file};
+use super::container::{
+    ContainerParams, EnvContext, container_config, make_env, termination_message_file,
+};
 use super::images::{PullPolicy, normalize_image, pull_policy};
 use super::sandbox::{host_network, namespace_options, sandbox_config};
 use super::{CriError, KubeGenericRuntimeManager, labels};
@@ -20,7 +22,7 @@ use crate::container::{
     SyncFailure, SyncResult,
 };
 use crate::events::{EventObject, EventType};
-use crate::volumes::{PodVolumes, setup_pod_volumes};
+use crate::volumes::PodVolumes;
 
 /// Grace period when neither the pod nor the caller gives one.
 const DEFAULT_GRACE_SECONDS: i64 = 30;
@@ -210,27 +212,9 @@ impl KubeGenericRuntimeManager {
                 .collect(),
         };
 
+        // The kubelet's volume manager prepared the volumes before this sync.
         let pod_dir = self.helper.pod_dir(&uid);
-        let volumes = match setup_pod_volumes(pod, &pod_dir) {
-            Ok(v) => v,
-            Err(e) => {
-                let message = e.to_string();
-                self.event(
-                    EventObject::pod(pod),
-                    EventType::Warning,
-                    "FailedMount",
-                    message.clone(),
-                );
-                for (action, c) in targets {
-                    result.results.push(step(
-                        action,
-                        c.name.clone(),
-                        Some(failure("CreateContainerConfigError", message.clone())),
-                    ));
-                }
-                return;
-            }
-        };
+        let volumes = PodVolumes::of(pod, &pod_dir);
 
         let log_dir = self.helper.pod_log_dir(namespace, pod_name(pod), &uid);
         let config = match self
@@ -425,7 +409,12 @@ impl KubeGenericRuntimeManager {
         {
             Ok(config) => config,
             Err(message) => {
-                self.event(object(), EventType::Warning, "Failed", message.clone());
+                self.event(
+                    object(),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {message}"),
+                );
                 return Some(failure("CreateContainerConfigError", message));
             }
         };
@@ -476,9 +465,12 @@ impl KubeGenericRuntimeManager {
             .await
             .map_err(|e| format!("creating log directory {}: {e}", log_dir.display()))?;
 
-        let mut mounts = ctx
-            .volumes
-            .mounts_for(container)
+        // subPaths are resolved (and created) on the host: blocking file work.
+        let volumes = ctx.volumes.clone();
+        let mounted = container.clone();
+        let mut mounts = tokio::task::spawn_blocking(move || volumes.mounts_for(&mounted))
+            .await
+            .map_err(|e| format!("resolving the volume mounts: {e}"))?
             .map_err(|e| e.to_string())?;
         let message_path = container
             .termination_message_path
@@ -502,6 +494,7 @@ impl KubeGenericRuntimeManager {
             });
         }
 
+        let sources = self.helper.env_sources(ctx.pod, container).await?;
         let host_ip = self.helper.host_ip();
         let node_allocatable = self.helper.node_allocatable();
         let env = EnvContext {
@@ -510,13 +503,24 @@ impl KubeGenericRuntimeManager {
             host_ip: host_ip.as_deref(),
             node_name: self.helper.node_name(),
             node_allocatable: &node_allocatable,
+            sources: &sources,
         };
+        let environment = make_env(container, &env).map_err(|e| e.to_string())?;
+        for skipped in &environment.skipped {
+            self.event(
+                EventObject::pod(ctx.pod),
+                EventType::Warning,
+                "InvalidEnvironmentVariableNames",
+                skipped.message(),
+            );
+        }
         container_config(
             ctx.pod,
             container,
             &env,
             ContainerParams {
                 restart_count,
+                envs: environment.vars,
                 image_id,
                 mounts,
                 namespaces: namespace_options(ctx.pod),

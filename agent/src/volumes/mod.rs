@@ -1,31 +1,80 @@
-//! Pod volumes (the kubelet's `pkg/kubelet/volumemanager` with the `pkg/volume/empty_dir` and
-//! `pkg/volume/host_path` plugins, done synchronously): creates a pod's `emptyDir` directories,
-//! checks its `hostPath` volumes against their `type`, turns a container's `volumeMounts` (with
-//! `subPath`, confined to the volume) into CRI mounts, and removes the pod's volume directories when
-//! the pod is gone. `emptyDir` with `medium: Memory`, `subPathExpr` and API-backed sources (configMap,
-//! secret, projected, PVC, …) are refused with an error naming them.
+//! Pod volumes (the kubelet's `pkg/kubelet/volumemanager` with the `pkg/volume/{empty_dir,host_path,
+//! configmap,secret,projected,downwardapi}` plugins). [`VolumeManager::mount_pod`] runs before the
+//! runtime starts anything, on every sync of the pod (the kubelet's `WaitForAttachAndMount`, which
+//! re-mounts the volumes whose content can change): it prepares every volume in the kubelet's layout,
+//! `<root-dir>/pods/<uid>/volumes/kubernetes.io~<plugin>/<name>`, and reports each volume it could
+//! not prepare, so the pod does not start and is retried.
+//!
+//! - `emptyDir`: a directory (mode 0777); with `medium: Memory` a tmpfs sized by `sizeLimit`, the
+//!   pod's memory limit or the node's allocatable memory, whichever is smallest.
+//! - `hostPath`: checked (or created) per its `type`.
+//! - `configMap`, `secret`, `downwardAPI`, `projected` (configMap, secret, downwardAPI and
+//!   serviceAccountToken sources): their files, written through the [`atomic_writer`] so a reader
+//!   never sees half an update, with the modes asked for (0644 by default). Secret and projected
+//!   volumes live on a tmpfs of their own, so secrets and tokens never reach a disk. Objects come from
+//!   the watch-based managers of [`crate::objects`], tokens from [`crate::token`]; without an API
+//!   server, volumes that need one fail with a message that says so.
+//!
+//! Everything is removed (tmpfs unmounted first) when the pod is removed; pod directories no pod
+//! owns any more (a pod deleted while the agent was down) are removed by housekeeping. File work
+//! runs on the blocking pool, never on the agent's core thread. [`PodVolumes`] turns a container's
+//! `volumeMounts` (with `subPath`, confined to the volume) into CRI mounts; API-backed volumes are
+//! always mounted read-only, as the kubelet mounts them.
 
-use std::collections::HashMap;
+mod atomic_writer;
+mod mounter;
+mod projection;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, HostPathVolumeSource, Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, DownwardAPIVolumeSource, EmptyDirVolumeSource, HostPathVolumeSource,
+    Node, Pod, ProjectedVolumeSource, Secret, Volume,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ringlet_proto::runtime::v1::{Mount, MountPropagation};
+use tokio::sync::watch;
 
-/// Directory of emptyDir volumes under a pod's directory.
-const EMPTY_DIR_PLUGIN_DIR: &str = "volumes/kubernetes.io~empty-dir";
+pub use atomic_writer::{AtomicWriteError, DATA_DIR};
+pub use mounter::{Mounter, SystemMounter};
+pub use projection::ProjectionError;
 
-/// Why a pod's volumes could not be prepared or mounted.
+use crate::cm::parse_quantity;
+use crate::container::PodUid;
+use crate::objects::{ApiObjects, ObjectError};
+use crate::token::{TokenError, TokenSpec};
+use atomic_writer::Payload;
+
+const VOLUMES_DIR: &str = "volumes";
+const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
+const CONFIG_MAP_PLUGIN: &str = "kubernetes.io~configmap";
+const SECRET_PLUGIN: &str = "kubernetes.io~secret";
+const PROJECTED_PLUGIN: &str = "kubernetes.io~projected";
+const DOWNWARD_API_PLUGIN: &str = "kubernetes.io~downward-api";
+/// emptyDir and the disk-backed API volumes are world-writable like upstream's, so non-root
+/// containers can use them (API volumes are mounted read-only into containers).
+const EMPTY_DIR_MODE: u32 = 0o777;
+
+/// Why a pod's volume could not be prepared or mounted.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("volume {volume:?}: {kind} volumes are not supported by this agent")]
     Unsupported { volume: String, kind: String },
     #[error("volume {volume:?} has no source")]
     NoSource { volume: String },
+    #[error("volume name {volume:?} is used by more than one volume of the pod")]
+    DuplicateName { volume: String },
+    #[error("volume name {volume:?} is not a valid directory name")]
+    InvalidName { volume: String },
+    #[error("pod UID {uid:?} is not a valid directory name")]
+    InvalidPodUid { uid: String },
     #[error(
-        "volume {volume:?}: emptyDir medium {medium:?} is not supported (only the default disk medium)"
+        "volume {volume:?}: emptyDir medium {medium:?} is not supported (only the default disk medium and Memory)"
     )]
     UnsupportedMedium { volume: String, medium: String },
     #[error("volume {volume:?}: hostPath type {kind:?} is not valid")]
@@ -45,6 +94,40 @@ pub enum VolumeError {
         #[source]
         source: io::Error,
     },
+    /// Reading a ConfigMap or Secret failed (`configmap "x" not found`).
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error("couldn't get {kind} {namespace}/{name}: no API server (the agent runs standalone)")]
+    NoApiServer {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    #[error("cannot setup projected volume {volume} because kube client is not configured")]
+    ProjectedWithoutApiServer { volume: String },
+    #[error(transparent)]
+    Projection(#[from] ProjectionError),
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error(transparent)]
+    Write(#[from] AtomicWriteError),
+    #[error("mounting a tmpfs on {path}")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("unmounting {path}")]
+    Unmount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Several failures of one projected volume, as Go's error aggregate prints them.
+    #[error("[{}]", .0.iter().map(|e| crate::error_chain::error_chain(e)).collect::<Vec<_>>().join(", "))]
+    Several(Vec<VolumeError>),
+    #[error("a volume task failed: {0}")]
+    Task(String),
     #[error("container {container:?} mounts volume {volume:?}, which the pod does not define")]
     UnknownVolume { container: String, volume: String },
     #[error(
@@ -82,159 +165,131 @@ pub enum VolumeError {
     },
 }
 
-/// The host paths of a pod's prepared volumes, by volume name.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PodVolumes {
-    host_paths: HashMap<String, PathBuf>,
+/// One volume of a pod that could not be prepared.
+#[derive(Debug)]
+pub struct MountFailure {
+    pub volume: String,
+    pub error: VolumeError,
 }
 
-/// Where an emptyDir volume lives: `<pod_dir>/volumes/kubernetes.io~empty-dir/<name>`.
-pub fn empty_dir_path(pod_dir: &Path, name: &str) -> PathBuf {
-    pod_dir.join(EMPTY_DIR_PLUGIN_DIR).join(name)
-}
-
-/// Prepares every volume of the pod: creates emptyDir directories (idempotent, contents are kept
-/// across container restarts) and checks or creates hostPaths per their `type`.
-pub fn setup_pod_volumes(pod: &Pod, pod_dir: &Path) -> Result<PodVolumes, VolumeError> {
-    let mut host_paths = HashMap::new();
-    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
-    for volume in volumes {
-        let path = setup_volume(volume, pod_dir)?;
-        host_paths.insert(volume.name.clone(), path);
-    }
-    Ok(PodVolumes { host_paths })
-}
-
-fn setup_volume(volume: &Volume, pod_dir: &Path) -> Result<PathBuf, VolumeError> {
-    let name = &volume.name;
-    if let Some(empty_dir) = &volume.empty_dir {
-        match empty_dir.medium.as_deref() {
-            None | Some("") => {}
-            Some(medium) => {
-                return Err(VolumeError::UnsupportedMedium {
-                    volume: name.clone(),
-                    medium: medium.to_owned(),
-                });
-            }
-        }
-        let path = empty_dir_path(pod_dir, name);
-        // World-writable like upstream, so non-root containers can use the volume.
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o777)
-            .create(&path)
-            .map_err(|source| io_error(name, &path, source))?;
-        set_mode(&path, 0o777).map_err(|source| io_error(name, &path, source))?;
-        return Ok(path);
-    }
-    if let Some(host_path) = &volume.host_path {
-        return setup_host_path(name, host_path);
-    }
-    Err(source_kind(volume).map_or_else(
-        || VolumeError::NoSource {
-            volume: name.clone(),
-        },
-        |kind| VolumeError::Unsupported {
-            volume: name.clone(),
-            kind,
-        },
-    ))
-}
-
-fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-}
-
-fn io_error(volume: &str, path: &Path, source: io::Error) -> VolumeError {
-    VolumeError::Io {
-        volume: volume.to_owned(),
-        path: path.to_owned(),
-        source,
+impl MountFailure {
+    /// The kubelet's event message: `MountVolume.SetUp failed for volume "x" : <why>`.
+    pub fn message(&self) -> String {
+        format!(
+            "MountVolume.SetUp failed for volume {:?} : {}",
+            self.volume,
+            crate::error_chain::error_chain(&self.error)
+        )
     }
 }
 
-fn setup_host_path(name: &str, source: &HostPathVolumeSource) -> Result<PathBuf, VolumeError> {
-    let path = PathBuf::from(&source.path);
-    if !path.is_absolute() {
-        return Err(VolumeError::RelativeHostPath {
-            volume: name.to_owned(),
-            path: source.path.clone(),
-        });
-    }
-    let mismatch = |expected| VolumeError::HostPathTypeMismatch {
-        volume: name.to_owned(),
-        path: path.clone(),
-        expected,
-    };
-    let file_type = fs::metadata(&path).ok().map(|m| m.file_type());
-    match source.type_.as_deref().unwrap_or_default() {
-        "" => {}
-        "DirectoryOrCreate" => match file_type {
-            Some(t) if t.is_dir() => {}
-            Some(_) => return Err(mismatch("a directory")),
-            None => fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(&path)
-                .map_err(|e| io_error(name, &path, e))?,
-        },
-        "Directory" => {
-            if !file_type.is_some_and(|t| t.is_dir()) {
-                return Err(mismatch("an existing directory"));
-            }
-        }
-        "FileOrCreate" => match file_type {
-            Some(t) if t.is_file() => {}
-            Some(_) => return Err(mismatch("a regular file")),
-            None => {
-                fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .mode(0o644)
-                    .open(&path)
-                    .map_err(|e| io_error(name, &path, e))?;
-            }
-        },
-        "File" => {
-            if !file_type.is_some_and(|t| t.is_file()) {
-                return Err(mismatch("an existing regular file"));
-            }
-        }
-        "Socket" => {
-            if !file_type.is_some_and(|t| t.is_socket()) {
-                return Err(mismatch("an existing unix socket"));
-            }
-        }
-        "CharDevice" => {
-            if !file_type.is_some_and(|t| t.is_char_device()) {
-                return Err(mismatch("an existing character device"));
-            }
-        }
-        "BlockDevice" => {
-            if !file_type.is_some_and(|t| t.is_block_device()) {
-                return Err(mismatch("an existing block device"));
-            }
-        }
-        other => {
-            return Err(VolumeError::InvalidHostPathType {
-                volume: name.to_owned(),
-                kind: other.to_owned(),
-            });
-        }
-    }
-    Ok(path)
+/// The kinds of volume this agent prepares.
+enum Source<'a> {
+    EmptyDir(&'a EmptyDirVolumeSource),
+    HostPath(&'a HostPathVolumeSource),
+    ConfigMap(&'a k8s_openapi::api::core::v1::ConfigMapVolumeSource),
+    Secret(&'a k8s_openapi::api::core::v1::SecretVolumeSource),
+    DownwardApi(&'a DownwardAPIVolumeSource),
+    Projected(&'a ProjectedVolumeSource),
 }
 
-/// The API field name of a volume's source (e.g. `configMap`), for sources this agent does not
-/// implement.
+impl<'a> Source<'a> {
+    fn of(volume: &'a Volume) -> Result<Self, VolumeError> {
+        let source = if let Some(s) = &volume.empty_dir {
+            Self::EmptyDir(s)
+        } else if let Some(s) = &volume.host_path {
+            Self::HostPath(s)
+        } else if let Some(s) = &volume.config_map {
+            Self::ConfigMap(s)
+        } else if let Some(s) = &volume.secret {
+            Self::Secret(s)
+        } else if let Some(s) = &volume.downward_api {
+            Self::DownwardApi(s)
+        } else if let Some(s) = &volume.projected {
+            Self::Projected(s)
+        } else {
+            return Err(source_kind(volume).map_or_else(
+                || VolumeError::NoSource {
+                    volume: volume.name.clone(),
+                },
+                |kind| VolumeError::Unsupported {
+                    volume: volume.name.clone(),
+                    kind,
+                },
+            ));
+        };
+        Ok(source)
+    }
+
+    /// The plugin directory of the volume; `None` for a hostPath, which lives where it says.
+    fn plugin_dir(&self) -> Option<&'static str> {
+        match self {
+            Self::EmptyDir(_) => Some(EMPTY_DIR_PLUGIN),
+            Self::HostPath(_) => None,
+            Self::ConfigMap(_) => Some(CONFIG_MAP_PLUGIN),
+            Self::Secret(_) => Some(SECRET_PLUGIN),
+            Self::DownwardApi(_) => Some(DOWNWARD_API_PLUGIN),
+            Self::Projected(_) => Some(PROJECTED_PLUGIN),
+        }
+    }
+
+    /// Whether containers must mount it read-only (the API-backed volumes).
+    fn read_only(&self) -> bool {
+        !matches!(self, Self::EmptyDir(_) | Self::HostPath(_))
+    }
+}
+
+/// The API field name of a volume's source (e.g. `persistentVolumeClaim`), for sources this agent
+/// does not implement.
 fn source_kind(volume: &Volume) -> Option<String> {
     let json = serde_json::to_value(volume).ok()?;
     json.as_object()?.keys().find(|k| *k != "name").cloned()
 }
 
+/// Whether `name` can be one directory name (no `/`, not `.` or `..`).
+fn is_dir_name(name: &str) -> bool {
+    let mut components = Path::new(name).components();
+    matches!(components.next(), Some(Component::Normal(c)) if c == name)
+        && components.next().is_none()
+}
+
+/// Where a volume lives on the host and whether containers must mount it read-only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HostVolume {
+    path: PathBuf,
+    read_only: bool,
+}
+
+/// The host paths of a pod's volumes, by volume name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodVolumes {
+    volumes: HashMap<String, HostVolume>,
+}
+
 impl PodVolumes {
-    /// The CRI mounts for a container's `volumeMounts`.
+    /// Where the pod's volumes live (the paths [`VolumeManager::mount_pod`] prepared); volumes of a
+    /// kind this agent does not prepare are left out.
+    pub fn of(pod: &Pod, pod_dir: &Path) -> Self {
+        let volumes = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|volume| {
+                let source = Source::of(volume).ok()?;
+                let path = match (&source, source.plugin_dir()) {
+                    (Source::HostPath(host), _) => PathBuf::from(&host.path),
+                    (_, Some(plugin)) => volume_dir(pod_dir, plugin, &volume.name),
+                    (_, None) => return None,
+                };
+                let read_only = source.read_only();
+                Some((volume.name.clone(), HostVolume { path, read_only }))
+            })
+            .collect();
+        Self { volumes }
+    }
+
+    /// The CRI mounts for a container's `volumeMounts`. Resolves `subPath`s on the host (creating
+    /// missing ones), so it belongs on the blocking pool.
     pub fn mounts_for(&self, container: &Container) -> Result<Vec<Mount>, VolumeError> {
         container
             .volume_mounts
@@ -242,7 +297,7 @@ impl PodVolumes {
             .flatten()
             .map(|mount| {
                 let err_ctx = || (container.name.clone(), mount.name.clone());
-                let Some(host_path) = self.host_paths.get(&mount.name) else {
+                let Some(volume) = self.volumes.get(&mount.name) else {
                     let (container, volume) = err_ctx();
                     return Err(VolumeError::UnknownVolume { container, volume });
                 };
@@ -255,7 +310,7 @@ impl PodVolumes {
                     return Err(VolumeError::SubPathExprUnsupported { container, volume });
                 }
                 let host_path = match mount.sub_path.as_deref().filter(|p| !p.is_empty()) {
-                    Some(sub_path) => resolve_sub_path(host_path, sub_path).map_err(|e| {
+                    Some(sub_path) => resolve_sub_path(&volume.path, sub_path).map_err(|e| {
                         let (container, volume) = err_ctx();
                         match e {
                             SubPathError::Invalid(why) => VolumeError::InvalidSubPath {
@@ -271,7 +326,7 @@ impl PodVolumes {
                             },
                         }
                     })?,
-                    None => host_path.clone(),
+                    None => volume.path.clone(),
                 };
                 if !mount.mount_path.starts_with('/') {
                     let (container, volume) = err_ctx();
@@ -297,13 +352,17 @@ impl PodVolumes {
                 Ok(Mount {
                     container_path: mount.mount_path.clone(),
                     host_path: host_path.to_string_lossy().into_owned(),
-                    readonly: mount.read_only.unwrap_or(false),
+                    readonly: mount.read_only.unwrap_or(false) || volume.read_only,
                     propagation: propagation.into(),
                     ..Mount::default()
                 })
             })
             .collect()
     }
+}
+
+fn volume_dir(pod_dir: &Path, plugin: &str, name: &str) -> PathBuf {
+    pod_dir.join(VOLUMES_DIR).join(plugin).join(name)
 }
 
 enum SubPathError {
@@ -314,7 +373,6 @@ enum SubPathError {
 /// The host path of `sub_path` inside a volume: created as a directory (with the volume's
 /// permissions) when missing, and refused when it would leave the volume, by `..` or by a symlink.
 fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, SubPathError> {
-    use std::path::Component;
     let relative = Path::new(sub_path);
     if relative.is_absolute() {
         return Err(SubPathError::Invalid("must be a relative path"));
@@ -343,225 +401,604 @@ fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, SubPathError
     }
 }
 
-/// Removes the pod's volume directories (`<pod_dir>/volumes`); host paths are never touched. A pod
-/// without volumes is fine.
-pub fn cleanup_pod_volumes(pod_dir: &Path) -> Result<(), VolumeError> {
-    let path = pod_dir.join("volumes");
-    match fs::remove_dir_all(&path) {
+fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+fn io_error(volume: &str, path: &Path, source: io::Error) -> VolumeError {
+    VolumeError::Io {
+        volume: volume.to_owned(),
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What a volume directory is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Medium {
+    Disk,
+    /// A tmpfs of at most `size` bytes (`None`: the kernel's default).
+    Memory {
+        size: Option<u64>,
+    },
+}
+
+/// Creates the volume directory (mode 0777) and, for [`Medium::Memory`], mounts a tmpfs on it
+/// unless one is there already.
+fn setup_dir(
+    volume: &str,
+    path: &Path,
+    medium: Medium,
+    mounter: &dyn Mounter,
+) -> Result<(), VolumeError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(EMPTY_DIR_MODE)
+        .create(path)
+        .map_err(|source| io_error(volume, path, source))?;
+    if let Medium::Memory { size } = medium {
+        let already = mounter
+            .is_mount_point(path)
+            .map_err(|source| io_error(volume, path, source))?;
+        if !already {
+            mounter
+                .mount_tmpfs(path, size)
+                .map_err(|source| VolumeError::Mount {
+                    path: path.to_owned(),
+                    source,
+                })?;
+        }
+    } else {
+        set_mode(path, EMPTY_DIR_MODE).map_err(|source| io_error(volume, path, source))?;
+    }
+    Ok(())
+}
+
+fn setup_host_path(name: &str, source: &HostPathVolumeSource) -> Result<(), VolumeError> {
+    let path = PathBuf::from(&source.path);
+    if !path.is_absolute() {
+        return Err(VolumeError::RelativeHostPath {
+            volume: name.to_owned(),
+            path: source.path.clone(),
+        });
+    }
+    let mismatch = |expected| VolumeError::HostPathTypeMismatch {
+        volume: name.to_owned(),
+        path: path.clone(),
+        expected,
+    };
+    let file_type = fs::metadata(&path).ok().map(|m| m.file_type());
+    let check = |ok: bool, expected| if ok { Ok(()) } else { Err(mismatch(expected)) };
+    match source.type_.as_deref().unwrap_or_default() {
+        "" => Ok(()),
+        "DirectoryOrCreate" => match file_type {
+            Some(t) if t.is_dir() => Ok(()),
+            Some(_) => Err(mismatch("a directory")),
+            None => fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&path)
+                .map_err(|e| io_error(name, &path, e)),
+        },
+        "Directory" => check(
+            file_type.is_some_and(|t| t.is_dir()),
+            "an existing directory",
+        ),
+        "FileOrCreate" => match file_type {
+            Some(t) if t.is_file() => Ok(()),
+            Some(_) => Err(mismatch("a regular file")),
+            None => fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o644)
+                .open(&path)
+                .map(drop)
+                .map_err(|e| io_error(name, &path, e)),
+        },
+        "File" => check(
+            file_type.is_some_and(|t| t.is_file()),
+            "an existing regular file",
+        ),
+        "Socket" => check(
+            file_type.is_some_and(|t| t.is_socket()),
+            "an existing unix socket",
+        ),
+        "CharDevice" => check(
+            file_type.is_some_and(|t| t.is_char_device()),
+            "an existing character device",
+        ),
+        "BlockDevice" => check(
+            file_type.is_some_and(|t| t.is_block_device()),
+            "an existing block device",
+        ),
+        other => Err(VolumeError::InvalidHostPathType {
+            volume: name.to_owned(),
+            kind: other.to_owned(),
+        }),
+    }
+}
+
+/// Unmounts every tmpfs under `<pod_dir>/volumes` and removes the directory.
+fn teardown(pod_dir: &Path, mounter: &dyn Mounter) -> Result<(), VolumeError> {
+    let volumes = pod_dir.join(VOLUMES_DIR);
+    let cleanup = |path: &Path, source| VolumeError::Cleanup {
+        path: path.to_owned(),
+        source,
+    };
+    let plugins = match fs::read_dir(&volumes) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(cleanup(&volumes, e)),
+    };
+    for plugin in plugins {
+        let plugin = plugin.map_err(|e| cleanup(&volumes, e))?.path();
+        if !fs::symlink_metadata(&plugin).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        for volume in fs::read_dir(&plugin).map_err(|e| cleanup(&plugin, e))? {
+            let volume = volume.map_err(|e| cleanup(&plugin, e))?.path();
+            if mounter.is_mount_point(&volume).unwrap_or(false) {
+                mounter
+                    .unmount(&volume)
+                    .map_err(|source| VolumeError::Unmount {
+                        path: volume.clone(),
+                        source,
+                    })?;
+            }
+        }
+    }
+    match fs::remove_dir_all(&volumes) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(VolumeError::Cleanup { path, source }),
+        Err(e) => Err(cleanup(&volumes, e)),
+    }
+}
+
+/// The memory limit of the pod as its cgroup gets it, when every app container declares one: the
+/// sum of the app containers' limits or the largest init container's, whichever is larger.
+fn pod_memory_limit(pod: &Pod) -> Option<i128> {
+    let spec = pod.spec.as_ref()?;
+    let limit = |c: &Container| {
+        let quantity = c.resources.as_ref()?.limits.as_ref()?.get("memory")?;
+        let nanos = parse_quantity(&quantity.0).ok()?;
+        Some(nanos / 1_000_000_000).filter(|bytes| *bytes > 0)
+    };
+    let apps: Option<Vec<i128>> = spec.containers.iter().map(limit).collect();
+    let sum: i128 = apps?.into_iter().sum();
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter_map(limit)
+        .max()
+        .unwrap_or(0);
+    Some(sum.max(init)).filter(|bytes| *bytes > 0)
+}
+
+fn quantity_bytes(quantity: &Quantity) -> Option<i128> {
+    parse_quantity(&quantity.0)
+        .ok()
+        .map(|nanos| nanos / 1_000_000_000)
+        .filter(|bytes| *bytes > 0)
+}
+
+/// The size of a memory-backed volume (the kubelet's `calculateEmptyDirMemorySize`): the node's
+/// allocatable memory, lowered to the pod's memory limit and then to `size_limit` when they are
+/// smaller. `None` leaves the kernel's default.
+fn memory_volume_size(
+    node_allocatable: &BTreeMap<String, Quantity>,
+    pod: &Pod,
+    size_limit: Option<&Quantity>,
+) -> Option<u64> {
+    let mut size = node_allocatable.get("memory").and_then(quantity_bytes);
+    let lower = |size: Option<i128>, candidate: Option<i128>| match (size, candidate) {
+        (Some(s), Some(c)) if c <= s => Some(c),
+        (None, Some(c)) => Some(c),
+        (s, _) => s,
+    };
+    size = lower(size, pod_memory_limit(pod));
+    size = lower(size, size_limit.and_then(quantity_bytes));
+    size.and_then(|s| u64::try_from(s).ok())
+}
+
+struct Inner {
+    pods_dir: PathBuf,
+    objects: Option<ApiObjects>,
+    node: watch::Receiver<Option<Node>>,
+    mounter: Arc<dyn Mounter>,
+}
+
+/// Prepares and removes the pods' volumes. Cheap to clone.
+#[derive(Clone)]
+pub struct VolumeManager {
+    inner: Arc<Inner>,
+}
+
+impl VolumeManager {
+    /// Volumes under `pods_dir` (`<root-dir>/pods`); `objects` reads what API-backed volumes need
+    /// (`None` standalone); `node` is the Node as last published (its allocatable sizes memory
+    /// volumes and answers `resourceFieldRef`s).
+    pub fn new(
+        pods_dir: PathBuf,
+        objects: Option<ApiObjects>,
+        node: watch::Receiver<Option<Node>>,
+    ) -> Self {
+        Self::with_mounter(pods_dir, objects, node, Arc::new(SystemMounter))
+    }
+
+    fn with_mounter(
+        pods_dir: PathBuf,
+        objects: Option<ApiObjects>,
+        node: watch::Receiver<Option<Node>>,
+        mounter: Arc<dyn Mounter>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pods_dir,
+                objects,
+                node,
+                mounter,
+            }),
+        }
+    }
+
+    fn node_allocatable(&self) -> BTreeMap<String, Quantity> {
+        self.inner
+            .node
+            .borrow()
+            .as_ref()
+            .and_then(|node| node.status.as_ref()?.allocatable.clone())
+            .unwrap_or_default()
+    }
+
+    fn pod_dir(&self, uid: &str) -> Result<PathBuf, VolumeError> {
+        if is_dir_name(uid) {
+            Ok(self.inner.pods_dir.join(uid))
+        } else {
+            Err(VolumeError::InvalidPodUid {
+                uid: uid.to_owned(),
+            })
+        }
+    }
+
+    /// Runs `work` on the blocking pool with the mounter.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn Mounter) -> Result<T, VolumeError> + Send + 'static,
+    ) -> Result<T, VolumeError> {
+        let mounter = Arc::clone(&self.inner.mounter);
+        tokio::task::spawn_blocking(move || work(mounter.as_ref()))
+            .await
+            .map_err(|err| VolumeError::Task(err.to_string()))?
+    }
+
+    /// Prepares (or refreshes) every volume of the pod. Each volume is tried; the ones that failed
+    /// are returned with why.
+    pub async fn mount_pod(&self, pod: &Pod) -> Result<(), Vec<MountFailure>> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let volumes: Vec<&Volume> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .collect();
+        if volumes.is_empty() {
+            return Ok(());
+        }
+        let pod_dir = match self.pod_dir(uid) {
+            Ok(dir) => dir,
+            Err(error) => {
+                return Err(vec![MountFailure {
+                    volume: volumes[0].name.clone(),
+                    error,
+                }]);
+            }
+        };
+        let mut seen = HashSet::new();
+        let mut failures = Vec::new();
+        for volume in volumes {
+            let name = &volume.name;
+            let outcome = if !is_dir_name(name) {
+                Err(VolumeError::InvalidName {
+                    volume: name.clone(),
+                })
+            } else if !seen.insert(name.as_str()) {
+                Err(VolumeError::DuplicateName {
+                    volume: name.clone(),
+                })
+            } else {
+                self.mount_volume(pod, &pod_dir, volume).await
+            };
+            if let Err(error) = outcome {
+                failures.push(MountFailure {
+                    volume: name.clone(),
+                    error,
+                });
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failures)
+        }
+    }
+
+    async fn mount_volume(
+        &self,
+        pod: &Pod,
+        pod_dir: &Path,
+        volume: &Volume,
+    ) -> Result<(), VolumeError> {
+        let name = volume.name.clone();
+        let source = Source::of(volume)?;
+        // Every volume but a hostPath (which returns first) lives in a plugin directory.
+        let dir = source
+            .plugin_dir()
+            .map(|plugin| volume_dir(pod_dir, plugin, &name))
+            .unwrap_or_default();
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let memory = |limit| Medium::Memory {
+            size: memory_volume_size(&self.node_allocatable(), pod, limit),
+        };
+        let (payload, medium) = match source {
+            Source::HostPath(host) => {
+                let host = host.clone();
+                return self.blocking(move |_| setup_host_path(&name, &host)).await;
+            }
+            Source::EmptyDir(empty) => {
+                let medium = match empty.medium.as_deref() {
+                    None | Some("") => Medium::Disk,
+                    Some("Memory") => memory(empty.size_limit.as_ref()),
+                    Some(medium) => {
+                        return Err(VolumeError::UnsupportedMedium {
+                            volume: name,
+                            medium: medium.to_owned(),
+                        });
+                    }
+                };
+                return self
+                    .blocking(move |mounter| setup_dir(&name, &dir, medium, mounter))
+                    .await;
+            }
+            Source::ConfigMap(cm) => {
+                let optional = cm.optional == Some(true);
+                let object = self.config_map(namespace, &cm.name, optional).await?;
+                let payload = projection::config_map(
+                    cm.items.as_deref(),
+                    object.as_deref(),
+                    cm.default_mode,
+                    optional,
+                )?;
+                (payload, Medium::Disk)
+            }
+            Source::Secret(secret) => {
+                let optional = secret.optional == Some(true);
+                let secret_name = secret.secret_name.as_deref().unwrap_or_default();
+                let object = self.secret(namespace, secret_name, optional).await?;
+                let payload = projection::secret(
+                    secret.items.as_deref(),
+                    object.as_deref(),
+                    secret.default_mode,
+                    optional,
+                )?;
+                (payload, memory(None))
+            }
+            Source::DownwardApi(downward) => {
+                let payload = projection::downward_api(
+                    downward.items.as_deref(),
+                    pod,
+                    &self.node_allocatable(),
+                    downward.default_mode,
+                )?;
+                (payload, Medium::Disk)
+            }
+            Source::Projected(projected) => {
+                let payload = self.projected(pod, &name, projected).await?;
+                (payload, memory(None))
+            }
+        };
+        self.blocking(move |mounter| {
+            setup_dir(&name, &dir, medium, mounter)?;
+            atomic_writer::write(&dir, &payload)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The ConfigMap, `None` when it is optional and does not exist.
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+        optional: bool,
+    ) -> Result<Option<Arc<ConfigMap>>, VolumeError> {
+        let Some(objects) = &self.inner.objects else {
+            return Err(VolumeError::NoApiServer {
+                kind: "configMap",
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            });
+        };
+        match objects.config_maps.get(namespace, name).await {
+            Ok(object) => Ok(Some(object)),
+            Err(err) if err.is_not_found() && optional => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The Secret, `None` when it is optional and does not exist.
+    async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        optional: bool,
+    ) -> Result<Option<Arc<Secret>>, VolumeError> {
+        let Some(objects) = &self.inner.objects else {
+            return Err(VolumeError::NoApiServer {
+                kind: "secret",
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            });
+        };
+        match objects.secrets.get(namespace, name).await {
+            Ok(object) => Ok(Some(object)),
+            Err(err) if err.is_not_found() && optional => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The files of a projected volume (the kubelet's `collectData`): every source is tried, a later
+    /// source's file replaces an earlier one's at the same path, and the failures are reported
+    /// together.
+    async fn projected(
+        &self,
+        pod: &Pod,
+        volume: &str,
+        projected: &ProjectedVolumeSource,
+    ) -> Result<Payload, VolumeError> {
+        let Some(objects) = &self.inner.objects else {
+            return Err(VolumeError::ProjectedWithoutApiServer {
+                volume: volume.to_owned(),
+            });
+        };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let default_mode = projected.default_mode;
+        let mut payload = Payload::new();
+        let mut errors = Vec::new();
+        for source in projected.sources.iter().flatten() {
+            let part = if let Some(cm) = &source.config_map {
+                let optional = cm.optional == Some(true);
+                match self.config_map(namespace, &cm.name, optional).await {
+                    Ok(object) => projection::config_map(
+                        cm.items.as_deref(),
+                        object.as_deref(),
+                        default_mode,
+                        optional,
+                    )
+                    .map_err(VolumeError::from),
+                    Err(err) => Err(err),
+                }
+            } else if let Some(secret) = &source.secret {
+                let optional = secret.optional == Some(true);
+                match self.secret(namespace, &secret.name, optional).await {
+                    Ok(object) => projection::secret(
+                        secret.items.as_deref(),
+                        object.as_deref(),
+                        default_mode,
+                        optional,
+                    )
+                    .map_err(VolumeError::from),
+                    Err(err) => Err(err),
+                }
+            } else if let Some(downward) = &source.downward_api {
+                projection::downward_api(
+                    downward.items.as_deref(),
+                    pod,
+                    &self.node_allocatable(),
+                    default_mode,
+                )
+                .map_err(VolumeError::from)
+            } else if let Some(token) = &source.service_account_token {
+                self.token(objects, pod, token, default_mode).await
+            } else {
+                // clusterTrustBundle and podCertificate sources are not served.
+                let kind = serde_json::to_value(source)
+                    .ok()
+                    .and_then(|v| v.as_object()?.keys().next().cloned())
+                    .unwrap_or_default();
+                Err(VolumeError::Unsupported {
+                    volume: volume.to_owned(),
+                    kind: format!("projected {kind}"),
+                })
+            };
+            match part {
+                Ok(part) => payload.extend(part),
+                Err(err) => errors.push(err),
+            }
+        }
+        match errors.len() {
+            0 => Ok(payload),
+            1 => Err(errors.remove(0)),
+            _ => Err(VolumeError::Several(errors)),
+        }
+    }
+
+    async fn token(
+        &self,
+        objects: &ApiObjects,
+        pod: &Pod,
+        source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
+        default_mode: Option<i32>,
+    ) -> Result<Payload, VolumeError> {
+        let meta = &pod.metadata;
+        let spec = TokenSpec {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            service_account: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .filter(|name| !name.is_empty())
+                .unwrap_or_else(|| "default".to_owned()),
+            audience: source.audience.clone().unwrap_or_default(),
+            expiration_seconds: source.expiration_seconds,
+            pod_name: meta.name.clone().unwrap_or_default(),
+            pod_uid: meta.uid.clone().unwrap_or_default(),
+        };
+        let token = objects.tokens.get(&spec).await?;
+        Ok(projection::token(&source.path, token, default_mode)?)
+    }
+
+    /// Removes the pod's volumes: unmounts its tmpfs mounts and removes `<pod_dir>/volumes`. Host
+    /// paths are never touched. A pod without volumes is fine.
+    pub async fn unmount_pod(&self, uid: &PodUid) -> Result<(), VolumeError> {
+        let pod_dir = self.pod_dir(uid.as_str())?;
+        self.blocking(move |mounter| teardown(&pod_dir, mounter))
+            .await
+    }
+
+    /// The UIDs that have a directory under the pods directory.
+    pub async fn pod_dirs(&self) -> Vec<PodUid> {
+        let pods_dir = self.inner.pods_dir.clone();
+        let listed = self
+            .blocking(move |_| {
+                let Ok(entries) = fs::read_dir(&pods_dir) else {
+                    return Ok(Vec::new());
+                };
+                Ok(entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter_map(|e| e.file_name().to_str().map(PodUid::from))
+                    .collect())
+            })
+            .await;
+        listed.unwrap_or_default()
+    }
+
+    /// Removes the directories of pods nothing owns any more (the kubelet's
+    /// `cleanupOrphanedPodDirs`), volumes unmounted first. A failure is logged and retried at the
+    /// next housekeeping.
+    pub async fn remove_pod_dirs(&self, uids: Vec<PodUid>) {
+        for uid in uids {
+            let Ok(pod_dir) = self.pod_dir(uid.as_str()) else {
+                continue;
+            };
+            let removed = self
+                .blocking(move |mounter| {
+                    teardown(&pod_dir, mounter)?;
+                    fs::remove_dir_all(&pod_dir).map_err(|source| VolumeError::Cleanup {
+                        path: pod_dir.clone(),
+                        source,
+                    })
+                })
+                .await;
+            match removed {
+                Ok(()) => tracing::info!(%uid, "removed the directory of a pod that is gone"),
+                Err(err) => tracing::warn!(%uid, error = %crate::error_chain::error_chain(&err),
+                    "cannot remove the directory of a pod that is gone"),
+            }
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::core::v1::{
-        ConfigMapVolumeSource, EmptyDirVolumeSource, PodSpec, VolumeMount,
-    };
-
-    fn pod(volumes: Vec<Volume>) -> Pod {
-        Pod {
-            spec: Some(PodSpec {
-                volumes: Some(volumes),
-                ..PodSpec::default()
-            }),
-            ..Pod::default()
-        }
-    }
-
-    fn empty_dir(name: &str) -> Volume {
-        Volume {
-            name: name.into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        }
-    }
-
-    fn host_path(name: &str, path: &Path, kind: &str) -> Volume {
-        Volume {
-            name: name.into(),
-            host_path: Some(HostPathVolumeSource {
-                path: path.to_string_lossy().into_owned(),
-                type_: Some(kind.into()),
-            }),
-            ..Volume::default()
-        }
-    }
-
-    fn mounting(mounts: Vec<VolumeMount>) -> Container {
-        Container {
-            name: "c".into(),
-            volume_mounts: Some(mounts),
-            ..Container::default()
-        }
-    }
-
-    fn mount(name: &str, path: &str) -> VolumeMount {
-        VolumeMount {
-            name: name.into(),
-            mount_path: path.into(),
-            ..VolumeMount::default()
-        }
-    }
-
-    #[test]
-    fn empty_dir_is_created_under_the_pod_dir_and_mounted() {
-        let dir = tempfile::tempdir().unwrap();
-        let volumes = setup_pod_volumes(&pod(vec![empty_dir("cache")]), dir.path()).unwrap();
-        let expected = dir.path().join("volumes/kubernetes.io~empty-dir/cache");
-        assert!(expected.is_dir());
-        let mut m = mount("cache", "/cache");
-        m.read_only = Some(true);
-        let mounts = volumes.mounts_for(&mounting(vec![m])).unwrap();
-        assert_eq!(mounts.len(), 1);
-        assert_eq!(mounts[0].host_path, expected.to_string_lossy());
-        assert_eq!(mounts[0].container_path, "/cache");
-        assert!(mounts[0].readonly);
-        cleanup_pod_volumes(dir.path()).unwrap();
-        assert!(!expected.exists());
-        cleanup_pod_volumes(dir.path()).unwrap();
-    }
-
-    #[test]
-    fn memory_medium_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut v = empty_dir("m");
-        v.empty_dir = Some(EmptyDirVolumeSource {
-            medium: Some("Memory".into()),
-            ..EmptyDirVolumeSource::default()
-        });
-        let err = setup_pod_volumes(&pod(vec![v]), dir.path()).unwrap_err();
-        assert!(
-            matches!(err, VolumeError::UnsupportedMedium { .. }),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn host_path_types_are_checked_and_created() {
-        let dir = tempfile::tempdir().unwrap();
-        let new_dir = dir.path().join("made");
-        let new_file = dir.path().join("file");
-        setup_pod_volumes(
-            &pod(vec![
-                host_path("a", &new_dir, "DirectoryOrCreate"),
-                host_path("b", &new_file, "FileOrCreate"),
-            ]),
-            dir.path(),
-        )
-        .unwrap();
-        assert!(new_dir.is_dir());
-        assert!(new_file.is_file());
-        setup_pod_volumes(
-            &pod(vec![
-                host_path("a", &new_dir, "Directory"),
-                host_path("b", &new_file, "File"),
-                host_path("c", &dir.path().join("anything"), ""),
-            ]),
-            dir.path(),
-        )
-        .unwrap();
-        for (path, kind) in [
-            (&new_file, "Directory"),
-            (&new_dir, "File"),
-            (&new_dir, "Socket"),
-            (&dir.path().join("missing"), "Directory"),
-        ] {
-            let err =
-                setup_pod_volumes(&pod(vec![host_path("x", path, kind)]), dir.path()).unwrap_err();
-            assert!(
-                matches!(err, VolumeError::HostPathTypeMismatch { .. }),
-                "{kind}: {err}"
-            );
-        }
-        let err =
-            setup_pod_volumes(&pod(vec![host_path("x", &new_dir, "Dir")]), dir.path()).unwrap_err();
-        assert!(matches!(err, VolumeError::InvalidHostPathType { .. }));
-    }
-
-    #[test]
-    fn socket_host_path_is_accepted() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        setup_pod_volumes(&pod(vec![host_path("s", &sock, "Socket")]), dir.path()).unwrap();
-    }
-
-    #[test]
-    fn mount_errors_name_the_container_and_volume() {
-        let dir = tempfile::tempdir().unwrap();
-        let volumes = setup_pod_volumes(&pod(vec![empty_dir("data")]), dir.path()).unwrap();
-        let err = volumes
-            .mounts_for(&mounting(vec![mount("nope", "/x")]))
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "container \"c\" mounts volume \"nope\", which the pod does not define"
-        );
-        let mut expr = mount("data", "/x");
-        expr.sub_path_expr = Some("$(POD)".into());
-        assert!(matches!(
-            volumes.mounts_for(&mounting(vec![expr])),
-            Err(VolumeError::SubPathExprUnsupported { .. })
-        ));
-        assert!(matches!(
-            volumes.mounts_for(&mounting(vec![mount("data", "rel")])),
-            Err(VolumeError::RelativeMountPath { .. })
-        ));
-    }
-
-    #[test]
-    fn sub_paths_are_created_inside_the_volume_and_escapes_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let volumes = setup_pod_volumes(&pod(vec![empty_dir("data")]), dir.path()).unwrap();
-        let root = empty_dir_path(dir.path(), "data");
-        let with_sub = |sub: &str| {
-            let mut m = mount("data", "/x");
-            m.sub_path = Some(sub.into());
-            volumes.mounts_for(&mounting(vec![m]))
-        };
-        let mounts = with_sub("a/b").unwrap();
-        assert_eq!(
-            PathBuf::from(&mounts[0].host_path),
-            fs::canonicalize(root.join("a/b")).unwrap()
-        );
-        assert!(root.join("a/b").is_dir());
-        for bad in ["../up", "/abs"] {
-            assert!(
-                matches!(with_sub(bad), Err(VolumeError::InvalidSubPath { .. })),
-                "{bad}"
-            );
-        }
-        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
-        let err = with_sub("link").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "container \"c\" mounts volume \"data\" with subPath \"link\": resolves outside the volume"
-        );
-    }
-
-    #[test]
-    fn unsupported_sources_are_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let v = Volume {
-            name: "cm".into(),
-            config_map: Some(ConfigMapVolumeSource::default()),
-            ..Volume::default()
-        };
-        let err = setup_pod_volumes(&pod(vec![v]), dir.path()).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "volume \"cm\": configMap volumes are not supported by this agent"
-        );
-        let none = Volume {
-            name: "n".into(),
-            ..Volume::default()
-        };
-        assert!(matches!(
-            setup_pod_volumes(&pod(vec![none]), dir.path()),
-            Err(VolumeError::NoSource { .. })
-        ));
-    }
-}
+mod tests;
