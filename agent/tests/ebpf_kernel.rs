@@ -354,25 +354,95 @@ async fn a_full_hint_channel_becomes_one_resync_once_there_is_room() {
     drop(handle);
 }
 
+/// Set in the child process that plays the crashed agent: the pin directory and pods' cgroup to use.
+const CRASH_CHILD_ENV: &str = "RINGLET_TEST_CRASH_CHILD";
+
+#[tokio::test]
+async fn a_second_agent_on_live_pins_is_refused_naming_the_holder() {
+    let Some(root) = require() else { return };
+    let Setup {
+        handle,
+        parent,
+        pin_dir,
+        _pins,
+        _cgroups,
+        ..
+    } = setup(&root, "second", 1 << 16, 16);
+    let live_id = std::fs::metadata(pin_dir.join(ringlet_ebpf::EVENTS_MAP)).map(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.ino()
+    });
+    let (tx, _hints) = mpsc::channel(16);
+    let options = EbpfOptions {
+        pods_cgroup: parent.clone(),
+        ring_buffer_bytes: 1 << 16,
+        pin_dir: pin_dir.clone(),
+    };
+    match start(options, tx) {
+        Err(ringlet::ebpf::EbpfError::PinsInUse { path, holder }) => {
+            assert_eq!(path, pin_dir);
+            assert!(
+                holder.contains(&std::process::id().to_string()),
+                "the holder should name this process: {holder:?}"
+            );
+        }
+        Err(other) => panic!("expected PinsInUse, got {other:?}"),
+        Ok(_) => panic!("a second agent took the live pin directory"),
+    }
+    let still_id = std::fs::metadata(pin_dir.join(ringlet_ebpf::EVENTS_MAP)).map(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.ino()
+    });
+    assert_eq!(
+        live_id.unwrap(),
+        still_id.unwrap(),
+        "the refused agent touched the live pins"
+    );
+    drop(handle);
+    assert!(!pin_dir.exists());
+}
+
 #[tokio::test]
 async fn pins_left_by_a_crashed_run_are_replaced() {
+    if let Ok(dirs) = std::env::var(CRASH_CHILD_ENV) {
+        run_until_killed(&dirs);
+    }
     let Some(root) = require() else { return };
-    let crashed = setup(&root, "stale", 1 << 16, 16);
-    let pin_dir = crashed.pin_dir.clone();
+    let parent = root.join(format!("ringlet-test-stale-{}", std::process::id()));
+    let pin_dir = PathBuf::from(format!(
+        "/sys/fs/bpf/ringlet-test-stale-{}",
+        std::process::id()
+    ));
+    let _cgroups = CgroupTree(parent.clone());
+    let _pins = PinDir(pin_dir.clone());
+    // A real crash: another process loads and pins, then dies by SIGKILL, which runs no clean-up
+    // and releases its lock on the pin directory only because the kernel closes its files.
+    let mut crashed = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "pins_left_by_a_crashed_run_are_replaced",
+                "--nocapture",
+            ])
+            .env(
+                CRASH_CHILD_ENV,
+                format!("{}\n{}", parent.display(), pin_dir.display()),
+            )
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = std::io::BufReader::new(crashed.0.stdout.take().unwrap());
+    let ready = std::io::BufRead::lines(stdout)
+        .map_while(Result::ok)
+        .any(|line| line == CRASH_CHILD_READY);
+    assert!(ready, "the crashing agent never pinned its programs");
+    crashed.0.kill().unwrap();
+    crashed.0.wait().unwrap();
     let stale_id = std::fs::metadata(pin_dir.join(ringlet_ebpf::EVENTS_MAP)).map(|m| {
         use std::os::unix::fs::MetadataExt as _;
         m.ino()
     });
-    // A crash: nothing runs the handle's clean-up, the pins stay.
-    let Setup {
-        handle,
-        hints: _stale_hints,
-        parent,
-        _pins,
-        _cgroups,
-        ..
-    } = crashed;
-    std::mem::forget(handle);
 
     let (tx, mut hints) = mpsc::channel(16);
     let options = EbpfOptions {
@@ -474,4 +544,35 @@ async fn a_pods_cgroup_outside_cgroup2_is_refused_before_anything_is_pinned() {
     );
     assert!(error.to_string().contains("cgroup2"), "{error}");
     assert!(!pin_dir.exists());
+}
+
+/// What the crashing child prints once its programs are loaded and pinned.
+const CRASH_CHILD_READY: &str = "crash-child: pinned";
+
+/// The crashed agent's side: starts the hint source on the given cgroup and pin directory, says so,
+/// and waits to be killed.
+fn run_until_killed(dirs: &str) -> ! {
+    let (parent, pin_dir) = dirs.split_once('\n').expect("parent and pin directory");
+    std::fs::create_dir_all(parent).unwrap();
+    let (tx, _hints) = mpsc::channel(16);
+    let options = EbpfOptions {
+        pods_cgroup: PathBuf::from(parent),
+        ring_buffer_bytes: 1 << 16,
+        pin_dir: PathBuf::from(pin_dir),
+    };
+    let _handle = start(options, tx).unwrap_or_else(|e| panic!("crash child: {e:?}"));
+    println!("{CRASH_CHILD_READY}");
+    loop {
+        std::thread::park();
+    }
+}
+
+/// SIGKILLs and reaps a child process on drop, so a failed assertion leaves no agent behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
