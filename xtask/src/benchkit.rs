@@ -76,6 +76,8 @@ impl Agent {
 
     pub fn exited(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
+            // Reaped: its pid may be reused, so stop() must not signal it.
+            self.stopped = true;
             bail!(
                 "{} exited with {status}; see {}",
                 self.name,
