@@ -90,8 +90,10 @@ pub struct ClusterArgs {
     /// Length of the idle window with the pods running, in seconds.
     #[arg(long, default_value_t = 60)]
     idle_seconds: u64,
-    /// Seconds between all pods Ready and the idle window.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds between all pods Ready and the idle window. Past a minute, so the window sees the
+    /// steady state: the upstream kubelet resyncs every pod once a minute, and its first resync
+    /// still writes a status (pod-level resources it could not read from the cgroup at start).
+    #[arg(long, default_value_t = 70)]
     settle: u64,
     /// Benchmark this ringlet binary instead of building target/release/ringlet.
     #[arg(long)]
@@ -608,6 +610,9 @@ fn bench_pod(name: &str, node: &str) -> Result<Pod> {
             "nodeName": node,
             // ringlet does not serve projected service-account volumes yet.
             "automountServiceAccountToken": false,
+            // There is no cluster DNS here (nor clusterDNS in ringlet yet): with ClusterFirst the
+            // kubelet would send a MissingClusterDNS warning event at every sync of every pod.
+            "dnsPolicy": "Default",
             "restartPolicy": "Always",
             "containers": [{
                 "name": "sleep",
@@ -1441,20 +1446,24 @@ fn markdown(report: &Report) -> String {
          Both agents join the same kube-apiserver (v1.36.2, `cargo xtask cluster up`) as their own node \
          (client certificate `system:node:<node>`), one after the other in this run, on the same \
          containerd; {}. Pods are busybox `sh -c \"{POD_COMMAND}\"`, bound with `spec.nodeName`, \
-         `automountServiceAccountToken: false`, restartPolicy Always, default grace period.\n\n\
+         `automountServiceAccountToken: false`, `dnsPolicy: Default` (no cluster DNS here: with \
+         ClusterFirst the kubelet sends a MissingClusterDNS warning event at every pod sync), \
+         restartPolicy Always, default grace period.\n\n\
          - **create → Running, Ready**: per pod, from the moment its `POST` returned (the bench \
          creates them one after the other) to the first event of a watch (`spec.nodeName=<node>`, \
          opened before the first create) with phase Running and condition Ready True.\n\
          - **delete → gone**: per pod, from the moment its `DELETE` (default grace period; the \
          container exits on SIGTERM) returned to the watch's `DELETED` event.\n\
-         - **idle**: after all pods are Ready and {} s of settling, over {} s with the pods \
+         - **idle**: after all pods are Ready and {} s of settling (past the kubelet's first \
+         one-minute resync of each pod, which still writes its status), over {} s with the pods \
          running: the agent process's utime + stime from `/proc/<pid>/stat` in % of one core, \
          `VmRSS` sampled every second (median), and the requests of user `system:node:<node>` \
          received in the window according to the API server's audit log, per minute.\n\
          - **server-side latency**: `stageTimestamp − requestReceivedTimestamp` of each \
          completed request of the node's user in the audit log (Metadata level) over its whole \
          run, watches left out; **lease renewals**: intervals between its successful Lease \
-         updates.\n\n",
+         updates. **containers removed**: from the last pod gone to containerd holding none of \
+         the round's containers (polled every 0.5 s with `ctr`).\n\n",
         report.commit,
         report.date,
         report.kubelet_version.as_deref().unwrap_or("not found"),
@@ -1492,13 +1501,13 @@ fn side_markdown(out: &mut String, side: &Side) {
     }
     out.push_str(
         "| pods | create → Ready median ms | p99 ms | delete → gone median ms | p99 ms | \
-         idle CPU % of a core | idle RSS MiB | API requests/min idle |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         idle CPU % of a core | idle RSS MiB | API requests/min idle | containers removed s |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in &side.rounds {
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {} | {:.1} |",
             r.pods,
             r.create_to_ready.median_ms,
             r.create_to_ready.p99_ms,
@@ -1509,6 +1518,7 @@ fn side_markdown(out: &mut String, side: &Side) {
             r.idle
                 .api_requests_per_minute
                 .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.1}")),
+            r.runtime_cleanup_s,
         );
     }
     out.push('\n');
