@@ -19,16 +19,19 @@
 //!
 //! The upstream kubelet stops every pod in containerd it does not know (it cannot tell another
 //! agent's pods from orphans of its own) and changes the host, so its side waits until no other
-//! agent runs (no container in containerd, no eBPF pins, no other kubelet), records what it will
-//! change (three sysctls, iptables chains, directories, cgroups) in a state file and puts it back
-//! when it stops, or at the next run if this one was killed. An agent started elsewhere while the
-//! kubelet runs would still lose its pods: run this bench while nothing else uses the lab.
+//! agent runs (no container in containerd, no eBPF pins, no other ringlet or kubelet process),
+//! stops the kubelet at once when one appears while it runs (the pins within 0.1 s, the process
+//! within a second; it removes its pods only once it is alone again), records what it will change
+//! (three sysctls, iptables chains, directories, cgroups) in a state file and puts it back when it
+//! stops, or at the next run if this one was killed. An agent that starts pods within that second
+//! may still lose them: run this bench while nothing else uses the lab.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -254,7 +257,7 @@ pub fn cluster(args: &ClusterArgs) -> Result<()> {
     println!("== kubelet");
     let kubelet_version = kubelet.as_ref().ok().map(|(_, version)| version.clone());
     let quiet = kubelet.and_then(|(path, _)| {
-        benchkit::wait_until_quiet(other_agents)
+        benchkit::wait_until_quiet(|| other_agents(false))
             .map_err(|e| format!("{e:#}: the upstream kubelet would stop their pods"))?;
         Ok(path)
     });
@@ -316,25 +319,135 @@ fn find_kubelet() -> Result<(PathBuf, String), String> {
     Ok((path, version.trim().to_owned()))
 }
 
-/// What keeps the upstream kubelet from starting: containers in containerd (it would stop them),
-/// another ringlet (its eBPF pins) or another kubelet.
-fn other_agents() -> Result<Option<String>> {
-    let containers = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
-    let count = containers.lines().filter(|l| !l.trim().is_empty()).count();
+/// What keeps the upstream kubelet from running: containers in containerd (it would stop them;
+/// the bench's own pods left out with `skip_bench_pods`), another agent process or ringlet's
+/// eBPF pins.
+fn other_agents(skip_bench_pods: bool) -> Result<Option<String>> {
+    let all = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
+    let ours: HashSet<String> = if skip_bench_pods {
+        runtime_containers(NAMESPACE)?.into_iter().collect()
+    } else {
+        HashSet::new()
+    };
+    let count = all
+        .lines()
+        .map(str::trim)
+        .filter(|id| !id.is_empty() && !ours.contains(*id))
+        .count();
     if count > 0 {
         return Ok(Some(format!(
             "containerd holds {count} containers of other pods"
         )));
     }
-    if let Some(pins) = pins_in_use() {
-        return Ok(Some(pins));
-    }
-    let kubelets = fs::read_dir("/proc")?
+    Ok(pins_in_use().or_else(|| agent_processes(None)))
+}
+
+/// Other ringlet and kubelet processes than `except`, described; `None` when there are none.
+fn agent_processes(except: Option<u32>) -> Option<String> {
+    let found: Vec<String> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "kubelet"))
-        .count();
-    Ok((kubelets > 0).then(|| format!("{kubelets} other kubelet process(es) run")))
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = fs::read_to_string(e.path().join("comm")).ok()?;
+            let comm = comm.trim();
+            (Some(pid) != except && (comm == "ringlet" || comm == "kubelet"))
+                .then(|| format!("{comm} {pid}"))
+        })
+        .collect();
+    (!found.is_empty()).then(|| format!("another agent runs ({})", found.join(", ")))
+}
+
+/// While the upstream kubelet runs: notices another agent starting (its pins at once, its process
+/// within a second), which would lose its pods to the kubelet within seconds.
+struct Sentinel {
+    stop: Arc<AtomicBool>,
+    found: Arc<Mutex<Option<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sentinel {
+    const PERIOD: Duration = Duration::from_millis(100);
+    /// The process scan runs every this many periods; a pin check is one `readdir`.
+    const SCAN_EVERY: u32 = 10;
+
+    fn start(kubelet: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let found = Arc::new(Mutex::new(None));
+        let thread = std::thread::spawn({
+            let (stop, found) = (Arc::clone(&stop), Arc::clone(&found));
+            move || {
+                let mut tick = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let seen = pins_in_use().or_else(|| {
+                        tick.is_multiple_of(Self::SCAN_EVERY)
+                            .then(|| agent_processes(Some(kubelet)))
+                            .flatten()
+                    });
+                    if let Some(seen) = seen {
+                        *found.lock().unwrap_or_else(PoisonError::into_inner) = Some(seen);
+                        return;
+                    }
+                    tick = tick.wrapping_add(1);
+                    std::thread::sleep(Self::PERIOD);
+                }
+            }
+        });
+        Self {
+            stop,
+            found,
+            thread: Some(thread),
+        }
+    }
+
+    fn found(&self) -> Option<String> {
+        self.found
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The agent under test, with a [`Sentinel`] when it is the upstream kubelet.
+struct Subject {
+    agent: Agent,
+    sentinel: Option<Sentinel>,
+}
+
+impl Subject {
+    fn new(agent: Agent, kind: Kind) -> Self {
+        let sentinel = (kind == Kind::Kubelet).then(|| Sentinel::start(agent.pid()));
+        Self { agent, sentinel }
+    }
+
+    /// Fails when the agent exited, or when another agent appeared next to the kubelet.
+    fn alive(&mut self) -> Result<()> {
+        self.agent.exited()?;
+        if let Some(other) = self.intruder() {
+            bail!(
+                "{other} next to the upstream kubelet, which would stop its pods: stopping the kubelet"
+            );
+        }
+        Ok(())
+    }
+
+    fn intruder(&self) -> Option<String> {
+        self.sentinel.as_ref().and_then(Sentinel::found)
+    }
+
+    fn log(&self) -> &Path {
+        &self.agent.log
+    }
 }
 
 async fn admin_client(control_plane: &Cluster) -> Result<kube::Client> {
@@ -390,30 +503,38 @@ fn run_side(
         )
     };
     let started = Instant::now();
-    let mut agent = spawn(&format!("{}.log", kind.name()))?;
+    let mut agent = Subject::new(spawn(&format!("{}.log", kind.name()))?, kind);
     println!(
         "{} started as node {node} (pid {}), log {}",
         kind.name(),
-        agent.pid(),
-        agent.log.display()
+        agent.agent.pid(),
+        agent.log().display()
     );
 
     let measured = runtime.block_on(measure(client, &mut agent, &node, args, started));
+    // Every second the kubelet runs next to another agent may cost that agent its pods.
+    if agent.intruder().is_some() {
+        agent.agent.stop();
+    }
     // Whatever happened: no pod, container, node object or host change of this side stays.
     let mut pods_removed = runtime.block_on(remove_pods(client, &node, &mut agent));
-    if pods_removed.is_err() && agent.exited().is_err() {
-        // Only a running agent stops its containers.
+    if pods_removed.is_err() && agent.agent.exited().is_err() {
+        // Only a running agent stops its containers; the kubelet only once it is alone again.
         println!(
             "{} ended before its pods were removed: starting it again to remove them",
             kind.name()
         );
-        pods_removed = spawn(&format!("{}-cleanup.log", kind.name())).and_then(|mut again| {
+        pods_removed = (|| {
+            if kind == Kind::Kubelet {
+                benchkit::wait_until_quiet(|| other_agents(true))?;
+            }
+            let mut again = Subject::new(spawn(&format!("{}-cleanup.log", kind.name()))?, kind);
             let removed = runtime.block_on(remove_pods(client, &node, &mut again));
-            again.stop();
+            again.agent.stop();
             removed
-        });
+        })();
     }
-    agent.stop();
+    agent.agent.stop();
     let objects_removed = runtime.block_on(remove_node_objects(client, &node));
     let host_restored = host.map_or(Ok(()), HostGuard::restore);
     let files_removed = remove_files(&root_dir, &run_dir, &kubeconfig);
@@ -552,7 +673,7 @@ imageGCLowThresholdPercent: 99
 /// Node Ready, then one round per pod count; returns start → node Ready (ms) and the rounds.
 async fn measure(
     client: &kube::Client,
-    agent: &mut Agent,
+    agent: &mut Subject,
     node: &str,
     args: &ClusterArgs,
     started: Instant,
@@ -560,14 +681,14 @@ async fn measure(
     let nodes: Api<Node> = Api::all(client.clone());
     let deadline = started + NODE_READY_TIMEOUT;
     loop {
-        agent.exited()?;
+        agent.alive()?;
         if nodes.get_opt(node).await?.is_some_and(|n| node_ready(&n)) {
             break;
         }
         if Instant::now() > deadline {
             bail!(
                 "node {node} not Ready within {NODE_READY_TIMEOUT:?}; see {}",
-                agent.log.display()
+                agent.log().display()
             );
         }
         tokio::time::sleep(WATCH_POLL).await;
@@ -627,7 +748,7 @@ fn bench_pod(name: &str, node: &str) -> Result<Pod> {
 async fn round(
     pods: &Api<Pod>,
     watch: &mut PodWatch,
-    agent: &mut Agent,
+    agent: &mut Subject,
     node: &str,
     count: usize,
     args: &ClusterArgs,
@@ -718,24 +839,28 @@ async fn round(
 
 /// CPU and RSS of the agent over `length`, with the wall-clock window for the audit log.
 async fn idle_window(
-    agent: &mut Agent,
+    agent: &mut Subject,
     length: Duration,
 ) -> Result<(Idle, (jiff::Timestamp, jiff::Timestamp))> {
-    agent.exited()?;
-    let pid = agent.pid();
+    agent.alive()?;
+    let pid = agent.agent.pid();
     let from = jiff::Timestamp::try_from(SystemTime::now())?;
     let started = Instant::now();
     let cpu_before = process_cpu_seconds(pid)?;
     let mut rss = Vec::new();
     let end = started + length;
+    let mut next_rss = started;
     loop {
-        agent.exited()?;
-        rss.push(rss_mib(pid)?);
+        agent.alive()?;
         let now = Instant::now();
+        if now >= next_rss {
+            rss.push(rss_mib(pid)?);
+            next_rss += RSS_PERIOD;
+        }
         if now >= end {
             break;
         }
-        tokio::time::sleep(RSS_PERIOD.min(end - now)).await;
+        tokio::time::sleep(WATCH_POLL.min(end - now)).await;
     }
     let cpu = process_cpu_seconds(pid)? - cpu_before;
     let window = started.elapsed().as_secs_f64();
@@ -767,10 +892,10 @@ fn rss_mib(pid: u32) -> Result<f64> {
 }
 
 /// Waits until containerd holds none of the bench pods' containers (sandboxes included).
-async fn wait_runtime_clean(agent: &mut Agent) -> Result<()> {
+async fn wait_runtime_clean(agent: &mut Subject) -> Result<()> {
     let deadline = Instant::now() + RUNTIME_CLEANUP_TIMEOUT;
     loop {
-        agent.exited()?;
+        agent.alive()?;
         let left = runtime_containers(NAMESPACE)?;
         if left.is_empty() {
             return Ok(());
@@ -779,7 +904,7 @@ async fn wait_runtime_clean(agent: &mut Agent) -> Result<()> {
             bail!(
                 "{} containers of the deleted pods still in containerd after {RUNTIME_CLEANUP_TIMEOUT:?}; see {}",
                 left.len(),
-                agent.log.display()
+                agent.log().display()
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -820,7 +945,7 @@ impl PodWatch {
     /// ends, or after `timeout`.
     async fn wait<T>(
         &mut self,
-        agent: &mut Agent,
+        agent: &mut Subject,
         what: &str,
         timeout: Duration,
         check: impl Fn(&HashMap<String, Seen>) -> Option<T>,
@@ -831,13 +956,16 @@ impl PodWatch {
             if let Some(found) = found {
                 return Ok(found);
             }
-            agent.exited()?;
+            agent.alive()?;
             if self.task.is_finished() {
                 (&mut self.task).await??;
                 bail!("the pod watch ended");
             }
             if Instant::now() > deadline {
-                bail!("no {what} within {timeout:?}; see {}", agent.log.display());
+                bail!(
+                    "no {what} within {timeout:?}; see {}",
+                    agent.log().display()
+                );
             }
             tokio::time::sleep(WATCH_POLL).await;
         }
@@ -890,7 +1018,7 @@ async fn follow(
 
 /// Force-deletes the pods bound to `node` (none after a run that went through) and waits until
 /// the agent has removed their containers.
-async fn remove_pods(client: &kube::Client, node: &str, agent: &mut Agent) -> Result<()> {
+async fn remove_pods(client: &kube::Client, node: &str, agent: &mut Subject) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let selector = format!("spec.nodeName={node}");
     let left = pods.list(&ListParams::default().fields(&selector)).await?;
@@ -913,7 +1041,7 @@ async fn remove_pods(client: &kube::Client, node: &str, agent: &mut Agent) -> Re
         if containers.is_empty() {
             return Ok(());
         }
-        agent.exited()?;
+        agent.alive()?;
         if Instant::now() > deadline {
             bail!(
                 "{} containers of namespace {NAMESPACE} still in containerd after {RUNTIME_CLEANUP_TIMEOUT:?}: {}",
