@@ -20,6 +20,10 @@ const STOP_POLL: Duration = Duration::from_millis(10);
 const RUNNING_POLL: Duration = Duration::from_millis(10);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 const CLEANUP_TIMEOUT: Duration = Duration::from_mins(3);
+/// ebpf mode pins under one global bpffs directory: another agent's pins mean it is running.
+pub const PIN_DIR: &str = "/sys/fs/bpf/ringlet";
+const QUIET_WAIT: Duration = Duration::from_mins(15);
+const QUIET_FOR: Duration = Duration::from_secs(20);
 
 /// `binary`, or `target/release/ringlet` freshly built.
 pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
@@ -34,9 +38,12 @@ pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
     Ok(root.join("target/release/ringlet"))
 }
 
-/// A running ringlet that is stopped (SIGTERM, then SIGKILL) however the run ends.
+/// A running agent (ringlet, or the upstream kubelet it is compared with) that is stopped
+/// (SIGTERM, then SIGKILL) however the run ends.
 pub struct Agent {
     child: Child,
+    /// The program's file name, for messages.
+    name: String,
     pub log: PathBuf,
     stopped: bool,
     // One node agent at a time on the lab's containerd; released after the agent stopped.
@@ -55,8 +62,12 @@ impl Agent {
             .stderr(log_file)
             .spawn()
             .with_context(|| format!("starting {command:?}"))?;
+        let name = Path::new(command.get_program())
+            .file_name()
+            .map_or_else(|| "the agent".into(), |n| n.to_string_lossy().into_owned());
         Ok(Self {
             child,
+            name,
             log,
             stopped: false,
             _node_lock: node_lock,
@@ -69,7 +80,13 @@ impl Agent {
 
     pub fn exited(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
-            bail!("ringlet exited with {status}; see {}", self.log.display());
+            // Reaped: its pid may be reused, so stop() must not signal it.
+            self.stopped = true;
+            bail!(
+                "{} exited with {status}; see {}",
+                self.name,
+                self.log.display()
+            );
         }
         Ok(())
     }
@@ -397,6 +414,44 @@ pub fn cleanup(manifests: &Path, namespace: &str) -> Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Whether another agent holds ringlet's global eBPF pins; starting an agent in ebpf mode would
+/// clear them.
+pub fn pins_in_use() -> Option<String> {
+    fs::read_dir(PIN_DIR)
+        .is_ok_and(|mut d| d.next().is_some())
+        .then(|| format!("{PIN_DIR} is in use by another agent"))
+}
+
+/// Waits (bounded) until no other agent holds the global pins.
+pub fn wait_for_free_pins() -> Result<()> {
+    wait_until_quiet(|| Ok(pins_in_use()))
+}
+
+/// Waits (bounded) until `busy` (what is in the way, `None` when nothing is) has been quiet for a
+/// while: a test suite starts agents back to back, so quiet must last, not just an instant.
+pub fn wait_until_quiet(busy: impl Fn() -> Result<Option<String>>) -> Result<()> {
+    let started = Instant::now();
+    let mut free_since: Option<Instant> = None;
+    loop {
+        match busy()? {
+            Some(reason) => {
+                if free_since.take().is_some() || started.elapsed().as_secs().is_multiple_of(30) {
+                    println!("{reason}; waiting");
+                }
+                if started.elapsed() > QUIET_WAIT {
+                    bail!("{reason} for {QUIET_WAIT:?}");
+                }
+            }
+            None => {
+                if free_since.get_or_insert_with(Instant::now).elapsed() >= QUIET_FOR {
+                    return Ok(());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 

@@ -4,6 +4,11 @@
 //! token once, starts etcd and the API server detached and applies the RBAC and token objects that
 //! kubeadm would; every step is skipped when already done. The file layout is defined by
 //! `ringlet_tests::cluster`, through which the tests reach the control plane.
+//!
+//! The API server writes a Metadata-level audit log ([`AUDIT_LOG`]) of what node agents do, for
+//! `cargo xtask bench cluster` (server-side latency of status patches and lease renewals, requests
+//! per minute). An API server of ours that runs with other flags or an older audit policy (one
+//! started before the audit log existed) is restarted once so it writes it.
 
 use std::fs;
 use std::io::Read;
@@ -49,6 +54,32 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 /// Debian's `etcd-server`, which envtest's `setup.sh` links into its folder.
 const DEBIAN_ETCD: &str = "/usr/bin/etcd";
+
+/// The audit log and its policy, in [`CLUSTER_DIR`]; the log is rotated at 100 MB, two old files
+/// kept.
+pub const AUDIT_LOG: &str = "audit.log";
+const AUDIT_POLICY: &str = "audit-policy.yaml";
+/// Every request of a node agent (group `system:nodes`), so its requests can be counted and timed,
+/// and anyone's requests on pods, nodes, leases and events, so their lifecycle can be followed.
+/// Metadata only (no bodies) and no `RequestReceived` stage: one line per request (two for a
+/// watch: started, completed), with `requestReceivedTimestamp` and `stageTimestamp` in µs.
+const AUDIT_POLICY_YAML: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: [\"system:nodes\"]
+- level: Metadata
+  resources:
+  - group: \"\"
+    resources: [pods, pods/status, nodes, nodes/status, events]
+  - group: coordination.k8s.io
+    resources: [leases]
+  - group: events.k8s.io
+    resources: [events]
+- level: None
+";
 
 const ETCD: Daemon = Daemon::new("etcd", CLUSTER_DIR);
 const APISERVER: Daemon = Daemon::new("kube-apiserver", CLUSTER_DIR);
@@ -126,6 +157,17 @@ pub fn status() -> Result<()> {
         Err(e) => println!("{}/readyz: NOT ready ({e:#})", cluster.server),
     }
     println!("admin kubeconfig: {}", cluster.admin_kubeconfig.display());
+    match fs::metadata(cluster_path(AUDIT_LOG)) {
+        Ok(meta) => println!(
+            "audit log: {} ({} kB)",
+            cluster_path(AUDIT_LOG).display(),
+            meta.len() / 1024
+        ),
+        Err(_) => println!(
+            "audit log: {} MISSING (`cargo xtask cluster up` restarts the API server with it)",
+            cluster_path(AUDIT_LOG).display()
+        ),
+    }
     Ok(())
 }
 
@@ -174,7 +216,7 @@ impl Binaries {
 
 /// Runs envtest's `setup.sh` (next to the workspace, else in the shared folder of this machine)
 /// and returns the folder it prints.
-fn run_envtest_setup() -> Result<PathBuf> {
+pub(crate) fn run_envtest_setup() -> Result<PathBuf> {
     let candidates = [
         workspace_root().join("../shared/envtest/setup.sh"),
         PathBuf::from("/work/shared/envtest/setup.sh"),
@@ -388,8 +430,46 @@ fn start_etcd(etcd: &Path) -> Result<()> {
 }
 
 fn start_apiserver(kube_apiserver: &Path) -> Result<()> {
+    let policy_changed = write_audit_policy()?;
+    let args = apiserver_args();
+    // Our API server, started by an older `up` with other flags (before the audit log) or an
+    // older policy, is restarted once; one started by anyone else is not ours to stop.
+    if let Some(running) = APISERVER.command_line()? {
+        let wanted: Vec<String> = std::iter::once(kube_apiserver.display().to_string())
+            .chain(args.iter().cloned())
+            .collect();
+        if running != wanted || policy_changed {
+            let why = if running == wanted {
+                "the audit policy changed"
+            } else {
+                "it runs with other flags or another binary"
+            };
+            println!("kube-apiserver: restarting it: {why}");
+            APISERVER.stop(STOP_TIMEOUT)?;
+        }
+    }
+    let cluster = Cluster::local();
+    APISERVER.start(
+        kube_apiserver,
+        &args,
+        || cluster.readyz().is_ok(),
+        APISERVER_START_TIMEOUT,
+    )
+}
+
+/// Writes the audit policy when it differs from [`AUDIT_POLICY_YAML`]; whether it did.
+fn write_audit_policy() -> Result<bool> {
+    let path = cluster_path(AUDIT_POLICY);
+    if fs::read_to_string(&path).is_ok_and(|text| text == AUDIT_POLICY_YAML) {
+        return Ok(false);
+    }
+    fs::write(&path, AUDIT_POLICY_YAML).with_context(|| format!("writing {}", path.display()))?;
+    Ok(true)
+}
+
+fn apiserver_args() -> Vec<String> {
     let file = |name: &str| cluster_path(name).display().to_string();
-    let args = [
+    vec![
         format!("--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}"),
         "--bind-address=127.0.0.1".to_owned(),
         format!("--secure-port={}", ringlet_tests::cluster::API_SERVER_PORT),
@@ -418,14 +498,11 @@ fn start_apiserver(kube_apiserver: &Path) -> Result<()> {
         // Test nodes are named `localhost` to be reached on loopback (see envtest's README).
         "--kubelet-preferred-address-types=Hostname,InternalIP".to_owned(),
         "--allow-privileged=true".to_owned(),
-    ];
-    let cluster = Cluster::local();
-    APISERVER.start(
-        kube_apiserver,
-        &args,
-        || cluster.readyz().is_ok(),
-        APISERVER_START_TIMEOUT,
-    )
+        format!("--audit-policy-file={}", file(AUDIT_POLICY)),
+        format!("--audit-log-path={}", file(AUDIT_LOG)),
+        "--audit-log-maxsize=100".to_owned(),
+        "--audit-log-maxbackup=2".to_owned(),
+    ]
 }
 
 /// The bootstrap token's Secret and kubeadm's bindings: bootstrappers may create CSRs, nodes may

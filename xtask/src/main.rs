@@ -5,6 +5,7 @@
 mod bench;
 mod benchkit;
 mod cluster;
+mod cluster_bench;
 mod cmd;
 mod demo;
 mod http;
@@ -80,6 +81,8 @@ enum Bench {
     Server(server_bench::ServerArgs),
     /// `io_uring` vs epoll engine: CRI round trips, cgroup sweeps and the kubelet API on both.
     Io(io_bench::IoArgs),
+    /// ringlet and the upstream kubelet as nodes of one control plane: API pods, idle cost, audit.
+    Cluster(cluster_bench::ClusterArgs),
 }
 
 fn main() -> Result<()> {
@@ -101,6 +104,7 @@ fn main() -> Result<()> {
             Bench::Pleg(args) => pleg_bench::pleg(&args),
             Bench::Server(args) => server_bench::server(&args),
             Bench::Io(args) => io_bench::io(&args),
+            Bench::Cluster(args) => cluster_bench::cluster(&args),
         },
     }
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use crate::benchkit::{
     self, Agent, cleanup, free_port, fresh_run_dir, git_commit, now_utc, percentile,
     process_cpu_seconds, runtime_containers, sleep_pod_manifest, time_exits, wait_all_running,
+    wait_for_free_pins,
 };
 use crate::{cargo, cmd, http, lab, workspace_root};
 
@@ -26,10 +27,6 @@ const NAMESPACE: &str = "ringlet-bench-pleg";
 /// Distinct from the privileged tests' `e2e-*` nodes: agents only clean up their own node's pods.
 const NODE: &str = "bench-pleg";
 const POLL: Duration = Duration::from_millis(2);
-/// ebpf mode pins under one global bpffs directory: another agent's pins mean it is running.
-const PIN_DIR: &str = "/sys/fs/bpf/ringlet";
-const PIN_WAIT: Duration = Duration::from_mins(15);
-const PINS_FREE_FOR: Duration = Duration::from_secs(20);
 const EVENT_HISTOGRAM: &str = "ringlet_pleg_event_latency_seconds";
 const STATUS_HISTOGRAM: &str = "ringlet_pod_status_latency_seconds";
 // relist first: it needs no pins, so it runs while another agent may still hold them.
@@ -167,27 +164,6 @@ fn write_views(out_dir: &Path, report: &Report, args: &PlegArgs) -> Result<()> {
         svg_path.display()
     );
     Ok(())
-}
-
-/// Waits (bounded) until no other agent holds the global pins: starting would clear them. A test
-/// suite starts agents back to back, so the pins must stay free for a while, not just an instant.
-fn wait_for_free_pins() -> Result<()> {
-    let started = Instant::now();
-    let mut free_since: Option<Instant> = None;
-    loop {
-        let busy = fs::read_dir(PIN_DIR).is_ok_and(|mut d| d.next().is_some());
-        if busy {
-            if free_since.take().is_some() || started.elapsed().as_secs().is_multiple_of(30) {
-                println!("{PIN_DIR} is in use by another agent; waiting");
-            }
-        } else if free_since.get_or_insert_with(Instant::now).elapsed() >= PINS_FREE_FOR {
-            return Ok(());
-        }
-        if started.elapsed() > PIN_WAIT {
-            bail!("{PIN_DIR} stayed in use by another agent for {PIN_WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
 }
 
 fn run_mode(

@@ -1,0 +1,1904 @@
+//! `cargo xtask bench cluster`: ringlet and the upstream kubelet as nodes of one control plane
+//! (`cargo xtask cluster up`), one after the other in the same run, on the same containerd. Each
+//! agent runs on a node of its own (`bench-ringlet`, `bench-kubelet`, client certificate
+//! `system:node:<node>`); for each pod count the bench
+//!
+//! - creates the pods through the API server (one `POST` after the other; bound with
+//!   `spec.nodeName`, busybox `sleep` under a shell that exits on SIGTERM, on the lab's bridge
+//!   network) and times each from the moment its create returned to the first watch event showing
+//!   it Running with Ready true;
+//! - lets the agent settle, then watches it idle with the pods running: CPU (utime + stime from
+//!   `/proc/<pid>/stat`), RSS (`VmRSS`, sampled every second) and the node's API requests (from
+//!   the API server's audit log, user `system:node:<node>`);
+//! - deletes the pods with the default grace period and times each from the moment its delete
+//!   returned to the watch's `DELETED` event; then waits until containerd holds none of their
+//!   containers, so the next round starts clean.
+//!
+//! The audit log also gives the server-side latency (`stageTimestamp − requestReceivedTimestamp`)
+//! of every request of each node over its whole run, and the interval between its lease renewals.
+//!
+//! The upstream kubelet stops every pod in containerd it does not know (it cannot tell another
+//! agent's pods from orphans of its own) and changes the host, so its side waits until no other
+//! agent runs (no container in containerd, no eBPF pins, no other ringlet or kubelet process),
+//! stops the kubelet at once when one appears while it runs (the pins within 0.1 s, the process
+//! within a second; it removes its pods only once it is alone again), records what it will change
+//! (three sysctls, iptables chains, directories, cgroups) in a state file and puts it back when it
+//! stops, or at the next run if this one was killed. An agent that starts pods within that second
+//! may still lose them: run this bench while nothing else uses the lab.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use ringlet_tests::cluster::{CLUSTER_DIR, Cluster};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::benchkit::{
+    self, Agent, free_port, fresh_run_dir, git_commit, machine, now_utc, percentile, pins_in_use,
+    process_cpu_seconds, runtime_containers,
+};
+use crate::{cluster, cmd, lab, workspace_root};
+
+/// Both nodes' pods live here. It stays after the run: without kube-controller-manager a deleted
+/// namespace would stay `Terminating` for ever.
+const NAMESPACE: &str = "ringlet-bench-cluster";
+const IMAGE: &str = "docker.io/library/busybox:1.35";
+/// busybox `sh` as PID 1 would ignore SIGTERM; with the trap the container exits at once, so the
+/// default grace period (30 s) never decides how long a delete takes.
+const POD_COMMAND: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+/// The env variable naming the upstream kubelet binary (else envtest's `setup.sh` folder).
+const KUBELET_ENV: &str = "KUBELET";
+const NODE_READY_TIMEOUT: Duration = Duration::from_mins(2);
+/// The kubelet removes a deleted pod's sandbox at its next container GC, once a minute.
+const RUNTIME_CLEANUP_TIMEOUT: Duration = Duration::from_mins(3);
+const WATCH_POLL: Duration = Duration::from_millis(50);
+const RSS_PERIOD: Duration = Duration::from_secs(1);
+/// What the upstream kubelet changes on the host when it starts (`/proc/sys` paths).
+const KUBELET_SYSCTLS: [&str; 3] = [
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "vm/overcommit_memory",
+];
+/// Directories the kubelet creates whatever its root dir, children before parents.
+const KUBELET_DIRS: [&str; 3] = [
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet",
+    "/var/log/containers",
+];
+/// The pods' `QoS` cgroups below each v1 hierarchy (`/sys/fs/cgroup/<controller>`), children first.
+const QOS_CGROUPS: [&str; 3] = ["kubepods/besteffort", "kubepods/burstable", "kubepods"];
+const IPTABLES: [&str; 2] = ["iptables", "ip6tables"];
+const IPTABLES_TABLES: [&str; 3] = ["filter", "nat", "mangle"];
+/// The host state recorded before the kubelet starts, in the lab's bench directory.
+const HOST_STATE: &str = "cluster-kubelet-host.json";
+
+#[derive(clap::Args)]
+pub struct ClusterArgs {
+    /// Pod counts, one round each, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,100")]
+    pods: Vec<usize>,
+    /// Length of the idle window with the pods running, in seconds.
+    #[arg(long, default_value_t = 60)]
+    idle_seconds: u64,
+    /// Seconds between all pods Ready and the idle window. Past a minute, so the window sees the
+    /// steady state: the upstream kubelet resyncs every pod once a minute, and its first resync
+    /// still writes a status (pod-level resources it could not read from the cgroup at start).
+    #[arg(long, default_value_t = 70)]
+    settle: u64,
+    /// Benchmark this ringlet binary instead of building target/release/ringlet.
+    #[arg(long)]
+    binary: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Ringlet,
+    Kubelet,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ringlet => "ringlet",
+            Self::Kubelet => "kubelet",
+        }
+    }
+
+    fn node(self) -> String {
+        format!("bench-{}", self.name())
+    }
+}
+
+#[derive(Serialize)]
+struct Stats {
+    median_ms: f64,
+    p99_ms: f64,
+    samples: usize,
+    samples_ms: Vec<f64>,
+}
+
+impl Stats {
+    fn of(mut samples_ms: Vec<f64>) -> Self {
+        samples_ms.sort_by(f64::total_cmp);
+        Self {
+            median_ms: percentile(&samples_ms, 50.0),
+            p99_ms: percentile(&samples_ms, 99.0),
+            samples: samples_ms.len(),
+            samples_ms,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Idle {
+    window_s: f64,
+    /// utime + stime over the window, in % of one core.
+    cpu_percent: f64,
+    rss_mib_median: f64,
+    rss_mib_max: f64,
+    /// `None` without an audit log.
+    api_requests_per_minute: Option<f64>,
+    /// Requests in the window by `<verb> <resource>[/<subresource>]` (or the path).
+    api_requests: BTreeMap<String, usize>,
+}
+
+#[derive(Serialize)]
+struct Round {
+    pods: usize,
+    create_to_ready: Stats,
+    delete_to_gone: Stats,
+    /// From the last pod gone to containerd holding none of the round's containers.
+    runtime_cleanup_s: f64,
+    idle: Idle,
+    #[serde(skip)]
+    window: (jiff::Timestamp, jiff::Timestamp),
+}
+
+#[derive(Serialize)]
+struct ServerLatency {
+    request: String,
+    count: usize,
+    median_ms: f64,
+    p99_ms: f64,
+}
+
+#[derive(Serialize)]
+struct Side {
+    agent: &'static str,
+    node: String,
+    /// Why this side did not run.
+    skipped: Option<String>,
+    start_to_node_ready_ms: Option<f64>,
+    rounds: Vec<Round>,
+    /// Every request of the node's user over its whole run, watches left out (their latency is
+    /// how long they stayed open).
+    server_latency: Vec<ServerLatency>,
+    lease_renew_interval: Option<Stats>,
+    /// Why there are no audit numbers.
+    audit_missing: Option<String>,
+}
+
+impl Side {
+    fn skipped(kind: Kind, reason: String) -> Self {
+        Self {
+            agent: kind.name(),
+            node: kind.node(),
+            skipped: Some(reason),
+            start_to_node_ready_ms: None,
+            rounds: Vec::new(),
+            server_latency: Vec::new(),
+            lease_renew_interval: None,
+            audit_missing: None,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Report {
+    benchmark: &'static str,
+    date: String,
+    commit: String,
+    machine: benchkit::Machine,
+    kubelet_version: Option<String>,
+    pods: Vec<usize>,
+    idle_seconds: u64,
+    settle_seconds: u64,
+    network: &'static str,
+    sides: Vec<Side>,
+}
+
+/// An agent binary under test.
+struct AgentBinary {
+    kind: Kind,
+    path: PathBuf,
+}
+
+pub fn cluster(args: &ClusterArgs) -> Result<()> {
+    if args.pods.is_empty() || args.pods.contains(&0) || args.idle_seconds == 0 {
+        bail!("--pods needs pod counts above 0 and --idle-seconds a window above 0");
+    }
+    lab::up()?;
+    // Also (re)starts the API server with its audit log when an older `up` started it without.
+    cluster::up()?;
+    let root = workspace_root();
+    let ringlet = benchkit::ringlet_binary(&root, args.binary.as_deref())?;
+    let kubelet = find_kubelet();
+    let control_plane = Cluster::local();
+    control_plane.prepare_namespace(NAMESPACE)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = runtime.block_on(admin_client(&control_plane))?;
+
+    println!("== ringlet");
+    let mut sides = vec![run_side(
+        &runtime,
+        &client,
+        &control_plane,
+        &AgentBinary {
+            kind: Kind::Ringlet,
+            path: ringlet,
+        },
+        args,
+    )?];
+    println!("== kubelet");
+    let kubelet_version = kubelet.as_ref().ok().map(|(_, version)| version.clone());
+    let quiet = kubelet.and_then(|(path, _)| {
+        benchkit::wait_until_quiet(|| other_agents(false))
+            .map_err(|e| format!("{e:#}: the upstream kubelet would stop their pods"))?;
+        Ok(path)
+    });
+    sides.push(match quiet {
+        Ok(path) => run_side(
+            &runtime,
+            &client,
+            &control_plane,
+            &AgentBinary {
+                kind: Kind::Kubelet,
+                path,
+            },
+            args,
+        )?,
+        Err(reason) => {
+            println!("SKIP kubelet: {reason}");
+            Side::skipped(Kind::Kubelet, reason)
+        }
+    });
+
+    let report = Report {
+        benchmark: "cluster",
+        date: now_utc()?,
+        commit: git_commit(&root),
+        machine: machine()?,
+        kubelet_version,
+        pods: args.pods.clone(),
+        idle_seconds: args.idle_seconds,
+        settle_seconds: args.settle,
+        network: "pod network: the lab's bridge CNI (10.88.0.0/16), set up by containerd",
+        sides,
+    };
+    let out_dir = root.join("bench/results");
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let json_path = out_dir.join("cluster.json");
+    fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md = markdown(&report);
+    let md_path = out_dir.join("cluster.md");
+    fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+    println!(
+        "{md}\nwrote {} and {}",
+        json_path.display(),
+        md_path.display()
+    );
+    Ok(())
+}
+
+/// The upstream kubelet (`$KUBELET`, else envtest's folder) and its version, or why there is none.
+fn find_kubelet() -> Result<(PathBuf, String), String> {
+    let path = match std::env::var_os(KUBELET_ENV).filter(|v| !v.is_empty()) {
+        Some(path) => PathBuf::from(path),
+        None => cluster::run_envtest_setup()
+            .map_err(|e| format!("{KUBELET_ENV} is not set and envtest's setup.sh failed: {e:#}"))?
+            .join("kubelet"),
+    };
+    let version = cmd::output(Command::new(&path).arg("--version"))
+        .map_err(|e| format!("no upstream kubelet at {}: {e:#}", path.display()))?;
+    Ok((path, version.trim().to_owned()))
+}
+
+/// What keeps the upstream kubelet from running: containers in containerd (it would stop them;
+/// the bench's own pods left out with `skip_bench_pods`), another agent process or ringlet's
+/// eBPF pins.
+fn other_agents(skip_bench_pods: bool) -> Result<Option<String>> {
+    let all = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
+    let ours: HashSet<String> = if skip_bench_pods {
+        runtime_containers(NAMESPACE)?.into_iter().collect()
+    } else {
+        HashSet::new()
+    };
+    let count = all
+        .lines()
+        .map(str::trim)
+        .filter(|id| !id.is_empty() && !ours.contains(*id))
+        .count();
+    if count > 0 {
+        return Ok(Some(format!(
+            "containerd holds {count} containers of other pods"
+        )));
+    }
+    Ok(pins_in_use().or_else(|| agent_processes(None)))
+}
+
+/// Other ringlet and kubelet processes than `except`, described; `None` when there are none.
+fn agent_processes(except: Option<u32>) -> Option<String> {
+    let found: Vec<String> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = fs::read_to_string(e.path().join("comm")).ok()?;
+            let comm = comm.trim();
+            (Some(pid) != except && (comm == "ringlet" || comm == "kubelet"))
+                .then(|| format!("{comm} {pid}"))
+        })
+        .collect();
+    (!found.is_empty()).then(|| format!("another agent runs ({})", found.join(", ")))
+}
+
+/// While the upstream kubelet runs: notices another agent starting (its pins at once, its process
+/// within a second), which would lose its pods to the kubelet within seconds.
+struct Sentinel {
+    stop: Arc<AtomicBool>,
+    found: Arc<Mutex<Option<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sentinel {
+    const PERIOD: Duration = Duration::from_millis(100);
+    /// The process scan runs every this many periods; a pin check is one `readdir`.
+    const SCAN_EVERY: u32 = 10;
+
+    fn start(kubelet: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let found = Arc::new(Mutex::new(None));
+        let thread = std::thread::spawn({
+            let (stop, found) = (Arc::clone(&stop), Arc::clone(&found));
+            move || {
+                let mut tick = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let seen = pins_in_use().or_else(|| {
+                        tick.is_multiple_of(Self::SCAN_EVERY)
+                            .then(|| agent_processes(Some(kubelet)))
+                            .flatten()
+                    });
+                    if let Some(seen) = seen {
+                        *found.lock().unwrap_or_else(PoisonError::into_inner) = Some(seen);
+                        return;
+                    }
+                    tick = tick.wrapping_add(1);
+                    std::thread::sleep(Self::PERIOD);
+                }
+            }
+        });
+        Self {
+            stop,
+            found,
+            thread: Some(thread),
+        }
+    }
+
+    fn found(&self) -> Option<String> {
+        self.found
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The agent under test, with a [`Sentinel`] when it is the upstream kubelet.
+struct Subject {
+    agent: Agent,
+    sentinel: Option<Sentinel>,
+}
+
+impl Subject {
+    fn new(agent: Agent, kind: Kind) -> Self {
+        let sentinel = (kind == Kind::Kubelet).then(|| Sentinel::start(agent.pid()));
+        Self { agent, sentinel }
+    }
+
+    /// Fails when the agent exited, or when another agent appeared next to the kubelet.
+    fn alive(&mut self) -> Result<()> {
+        self.agent.exited()?;
+        if let Some(other) = self.intruder() {
+            bail!(
+                "{other} next to the upstream kubelet, which would stop its pods: stopping the kubelet"
+            );
+        }
+        Ok(())
+    }
+
+    fn intruder(&self) -> Option<String> {
+        self.sentinel.as_ref().and_then(Sentinel::found)
+    }
+
+    fn log(&self) -> &Path {
+        &self.agent.log
+    }
+}
+
+async fn admin_client(control_plane: &Cluster) -> Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&control_plane.admin_kubeconfig)
+        .with_context(|| format!("reading {}", control_plane.admin_kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// One agent on its own node: start, rounds, and a cleanup that runs however the rounds end.
+fn run_side(
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    control_plane: &Cluster,
+    binary: &AgentBinary,
+    args: &ClusterArgs,
+) -> Result<Side> {
+    let kind = binary.kind;
+    let node = kind.node();
+    let (run_dir, _, root_dir) = fresh_run_dir(&format!("cluster-{}", kind.name()))?;
+    // What an earlier, interrupted run may have left of this node.
+    runtime.block_on(remove_node_objects(client, &node))?;
+    let left = runtime_containers(NAMESPACE)?;
+    if !left.is_empty() {
+        bail!(
+            "{} containers of namespace {NAMESPACE} are still in containerd from an earlier run",
+            left.len()
+        );
+    }
+    let kubeconfig = control_plane.node_kubeconfig(&node)?;
+    let host = match kind {
+        Kind::Ringlet => {
+            // Starting in ebpf mode would clear another agent's pins.
+            benchkit::wait_for_free_pins()?;
+            None
+        }
+        Kind::Kubelet => Some(HostGuard::take()?),
+    };
+    let audit = AuditMark::now();
+    let spawn = |log: &str| {
+        spawn_agent(
+            binary,
+            &run_dir,
+            &root_dir,
+            &node,
+            &kubeconfig,
+            control_plane,
+            log,
+        )
+    };
+    let started = Instant::now();
+    let mut agent = Subject::new(spawn(&format!("{}.log", kind.name()))?, kind);
+    println!(
+        "{} started as node {node} (pid {}), log {}",
+        kind.name(),
+        agent.agent.pid(),
+        agent.log().display()
+    );
+
+    let measured = runtime.block_on(measure(client, &mut agent, &node, args, started));
+    // Every second the kubelet runs next to another agent may cost that agent its pods.
+    if agent.intruder().is_some() {
+        agent.agent.stop();
+    }
+    // Whatever happened: no pod, container, node object or host change of this side stays.
+    let mut pods_removed = runtime.block_on(remove_pods(client, &node, &mut agent));
+    if pods_removed.is_err() && agent.agent.exited().is_err() {
+        // Only a running agent stops its containers; the kubelet only once it is alone again.
+        println!(
+            "{} ended before its pods were removed: starting it again to remove them",
+            kind.name()
+        );
+        pods_removed = (|| {
+            if kind == Kind::Kubelet {
+                benchkit::wait_until_quiet(|| other_agents(true))?;
+            }
+            let mut again = Subject::new(spawn(&format!("{}-cleanup.log", kind.name()))?, kind);
+            let removed = runtime.block_on(remove_pods(client, &node, &mut again));
+            again.agent.stop();
+            removed
+        })();
+    }
+    agent.agent.stop();
+    let objects_removed = runtime.block_on(remove_node_objects(client, &node));
+    let host_restored = host.map_or(Ok(()), HostGuard::restore);
+    let files_removed = remove_files(&root_dir, &run_dir, &kubeconfig);
+    let (node_ready_ms, mut rounds) = measured?;
+    pods_removed?;
+    objects_removed?;
+    host_restored?;
+    files_removed?;
+
+    let user = format!("system:node:{node}");
+    let (server_latency, lease_renew_interval, audit_missing) =
+        match audit.and_then(|mark| mark.events(&user)) {
+            Ok(events) => {
+                for round in &mut rounds {
+                    let (per_minute, requests) = requests_in(&events, round.window);
+                    round.idle.api_requests_per_minute = Some(per_minute);
+                    round.idle.api_requests = requests;
+                }
+                (
+                    server_latency(&events),
+                    lease_renewals(&events, &node),
+                    None,
+                )
+            }
+            Err(reason) => {
+                println!("no audit numbers: {reason}");
+                (Vec::new(), None, Some(reason))
+            }
+        };
+    Ok(Side {
+        agent: kind.name(),
+        node,
+        skipped: None,
+        start_to_node_ready_ms: Some(node_ready_ms),
+        rounds,
+        server_latency,
+        lease_renew_interval,
+        audit_missing,
+    })
+}
+
+fn spawn_agent(
+    binary: &AgentBinary,
+    run_dir: &Path,
+    root_dir: &Path,
+    node: &str,
+    kubeconfig: &Path,
+    control_plane: &Cluster,
+    log: &str,
+) -> Result<Agent> {
+    let (read_only_port, api_port, healthz_port) = (free_port()?, free_port()?, free_port()?);
+    let runtime_endpoint = format!("unix://{}", ringlet_tests::CONTAINERD_SOCKET);
+    let mut command = Command::new(&binary.path);
+    match binary.kind {
+        Kind::Ringlet => {
+            command
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["--hostname-override", node])
+                .arg("--root-dir")
+                .arg(root_dir)
+                .arg("--client-ca-file")
+                .arg(control_plane.ca_file())
+                .args(["--read-only-port", &read_only_port.to_string()])
+                .args(["--port", &api_port.to_string()])
+                .args(["--healthz-port", &healthz_port.to_string()])
+                .args(["--address", "127.0.0.1"])
+                .args(["--container-runtime-endpoint", &runtime_endpoint])
+                .arg("--events-socket")
+                .arg(run_dir.join("events.sock"));
+        }
+        Kind::Kubelet => {
+            let config = run_dir.join("kubelet-config.yaml");
+            let text = kubelet_config(
+                run_dir,
+                &control_plane.ca_file(),
+                &runtime_endpoint,
+                [read_only_port, api_port, healthz_port],
+            );
+            fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
+            command
+                .arg("--config")
+                .arg(&config)
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["--hostname-override", node])
+                .arg("--root-dir")
+                .arg(root_dir)
+                // Its default is /var/lib/kubelet/pki whatever the root dir.
+                .arg("--cert-dir")
+                .arg(run_dir.join("pki"));
+        }
+    }
+    Agent::spawn(&mut command, run_dir.join(log))
+}
+
+/// The upstream kubelet's configuration: ringlet's settings where they exist (client CA, webhook
+/// authorization, cgroupfs, the lab's containerd, loopback ports), everything else default except
+/// what would reach outside the run directory or delete the lab's images.
+fn kubelet_config(run_dir: &Path, ca: &Path, runtime_endpoint: &str, ports: [u16; 3]) -> String {
+    let [read_only_port, api_port, healthz_port] = ports;
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# These hosts are cgroup v1 (hybrid).
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: {runtime_endpoint}
+registerNode: true
+address: 127.0.0.1
+port: {api_port}
+readOnlyPort: {read_only_port}
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz_port}
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: Webhook
+podLogsDir: {pod_logs}
+volumePluginDir: {volume_plugins}
+# There is no registry: an image the GC removed could not be pulled again.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+",
+        ca = ca.display(),
+        pod_logs = run_dir.join("pod-logs").display(),
+        volume_plugins = run_dir.join("volume-plugins").display(),
+    )
+}
+
+/// Node Ready, then one round per pod count; returns start → node Ready (ms) and the rounds.
+async fn measure(
+    client: &kube::Client,
+    agent: &mut Subject,
+    node: &str,
+    args: &ClusterArgs,
+    started: Instant,
+) -> Result<(f64, Vec<Round>)> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = started + NODE_READY_TIMEOUT;
+    loop {
+        agent.alive()?;
+        if nodes.get_opt(node).await?.is_some_and(|n| node_ready(&n)) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "node {node} not Ready within {NODE_READY_TIMEOUT:?}; see {}",
+                agent.log().display()
+            );
+        }
+        tokio::time::sleep(WATCH_POLL).await;
+    }
+    let node_ready_ms = benchkit::ms(started.elapsed());
+    println!("node {node} Ready after {node_ready_ms:.0} ms");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut watch = PodWatch::start(pods.clone(), node).await?;
+    let mut rounds = Vec::new();
+    for &count in &args.pods {
+        rounds.push(round(&pods, &mut watch, agent, node, count, args).await?);
+    }
+    Ok((node_ready_ms, rounds))
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn running_and_ready(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    status.phase.as_deref() == Some("Running")
+        && status
+            .conditions
+            .as_ref()
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn bench_pod(name: &str, node: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": {
+            "nodeName": node,
+            // ringlet does not serve projected service-account volumes yet.
+            "automountServiceAccountToken": false,
+            // There is no cluster DNS here (nor clusterDNS in ringlet yet): with ClusterFirst the
+            // kubelet would send a MissingClusterDNS warning event at every sync of every pod.
+            "dnsPolicy": "Default",
+            "restartPolicy": "Always",
+            "containers": [{
+                "name": "sleep",
+                "image": IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", POD_COMMAND],
+            }],
+        },
+    }))?)
+}
+
+async fn round(
+    pods: &Api<Pod>,
+    watch: &mut PodWatch,
+    agent: &mut Subject,
+    node: &str,
+    count: usize,
+    args: &ClusterArgs,
+) -> Result<Round> {
+    let names: Vec<String> = (0..count).map(|i| format!("bench-{count}-{i}")).collect();
+    let mut created = HashMap::new();
+    for name in &names {
+        pods.create(&PostParams::default(), &bench_pod(name, node)?)
+            .await
+            .with_context(|| format!("creating pod {name}"))?;
+        created.insert(name.clone(), Instant::now());
+    }
+    let timeout = Duration::from_mins(2) + Duration::from_secs(2) * u32::try_from(count)?;
+    let ready = watch
+        .wait(
+            agent,
+            &format!("{count} pods Running and Ready"),
+            timeout,
+            |seen| {
+                names
+                    .iter()
+                    .map(|n| seen.get(n).and_then(|s| s.ready))
+                    .collect::<Option<Vec<Instant>>>()
+            },
+        )
+        .await?;
+    let create_to_ready = Stats::of(
+        names
+            .iter()
+            .zip(&ready)
+            .map(|(n, r)| benchkit::ms(r.duration_since(created[n])))
+            .collect(),
+    );
+    println!(
+        "{count} pods: create → Running, Ready median {:.0} ms, p99 {:.0} ms",
+        create_to_ready.median_ms, create_to_ready.p99_ms
+    );
+
+    tokio::time::sleep(Duration::from_secs(args.settle)).await;
+    let idle = idle_window(agent, Duration::from_secs(args.idle_seconds)).await?;
+    let window = idle.1;
+    let idle = idle.0;
+    println!(
+        "{count} pods idle: CPU {:.2}% of a core, RSS {:.1} MiB",
+        idle.cpu_percent, idle.rss_mib_median
+    );
+
+    let mut deleted = HashMap::new();
+    for name in &names {
+        pods.delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("deleting pod {name}"))?;
+        deleted.insert(name.clone(), Instant::now());
+    }
+    let timeout = Duration::from_mins(2) + Duration::from_secs(1) * u32::try_from(count)?;
+    let gone = watch
+        .wait(agent, &format!("{count} pods gone"), timeout, |seen| {
+            names
+                .iter()
+                .map(|n| seen.get(n).and_then(|s| s.gone))
+                .collect::<Option<Vec<Instant>>>()
+        })
+        .await?;
+    let delete_to_gone = Stats::of(
+        names
+            .iter()
+            .zip(&gone)
+            .map(|(n, g)| benchkit::ms(g.duration_since(deleted[n])))
+            .collect(),
+    );
+    println!(
+        "{count} pods: delete → gone median {:.0} ms, p99 {:.0} ms",
+        delete_to_gone.median_ms, delete_to_gone.p99_ms
+    );
+    let last_gone = gone.iter().max().copied().unwrap_or_else(Instant::now);
+    wait_runtime_clean(agent).await?;
+    let runtime_cleanup_s = last_gone.elapsed().as_secs_f64();
+    println!("containers removed from containerd {runtime_cleanup_s:.1} s after the last pod went");
+    Ok(Round {
+        pods: count,
+        create_to_ready,
+        delete_to_gone,
+        runtime_cleanup_s,
+        idle,
+        window,
+    })
+}
+
+/// CPU and RSS of the agent over `length`, with the wall-clock window for the audit log.
+async fn idle_window(
+    agent: &mut Subject,
+    length: Duration,
+) -> Result<(Idle, (jiff::Timestamp, jiff::Timestamp))> {
+    agent.alive()?;
+    let pid = agent.agent.pid();
+    let from = jiff::Timestamp::try_from(SystemTime::now())?;
+    let started = Instant::now();
+    let cpu_before = process_cpu_seconds(pid)?;
+    let mut rss = Vec::new();
+    let end = started + length;
+    let mut next_rss = started;
+    loop {
+        agent.alive()?;
+        let now = Instant::now();
+        if now >= next_rss {
+            rss.push(rss_mib(pid)?);
+            next_rss += RSS_PERIOD;
+        }
+        if now >= end {
+            break;
+        }
+        tokio::time::sleep(WATCH_POLL.min(end - now)).await;
+    }
+    let cpu = process_cpu_seconds(pid)? - cpu_before;
+    let window = started.elapsed().as_secs_f64();
+    let to = jiff::Timestamp::try_from(SystemTime::now())?;
+    rss.sort_by(f64::total_cmp);
+    Ok((
+        Idle {
+            window_s: window,
+            cpu_percent: cpu / window * 100.0,
+            rss_mib_median: percentile(&rss, 50.0),
+            rss_mib_max: rss.last().copied().unwrap_or(f64::NAN),
+            api_requests_per_minute: None,
+            api_requests: BTreeMap::new(),
+        },
+        (from, to),
+    ))
+}
+
+/// `VmRSS` of `pid` in MiB.
+fn rss_mib(pid: u32) -> Result<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kib / 1024.0)
+}
+
+/// Waits until containerd holds none of the bench pods' containers (sandboxes included).
+async fn wait_runtime_clean(agent: &mut Subject) -> Result<()> {
+    let deadline = Instant::now() + RUNTIME_CLEANUP_TIMEOUT;
+    loop {
+        agent.alive()?;
+        let left = runtime_containers(NAMESPACE)?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} containers of the deleted pods still in containerd after {RUNTIME_CLEANUP_TIMEOUT:?}; see {}",
+                left.len(),
+                agent.log().display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// When the watch first saw a pod Running and Ready, and gone.
+#[derive(Default, Clone, Copy)]
+struct Seen {
+    ready: Option<Instant>,
+    gone: Option<Instant>,
+}
+
+/// A watch on the pods bound to one node, following them from before the first create; every
+/// event is timestamped as it arrives.
+struct PodWatch {
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl PodWatch {
+    /// Returns once the API server has accepted the watch: nothing created afterwards is missed.
+    async fn start(api: Api<Pod>, node: &str) -> Result<Self> {
+        let selector = format!("spec.nodeName={node}");
+        let list = api.list(&ListParams::default().fields(&selector)).await?;
+        let version = list
+            .metadata
+            .resource_version
+            .context("the pod list has no resourceVersion")?;
+        let params = WatchParams::default().fields(&selector);
+        let stream = api.watch(&params, &version).await?.boxed();
+        let seen = Arc::default();
+        let task = tokio::spawn(follow(api, params, version, stream, Arc::clone(&seen)));
+        Ok(Self { seen, task })
+    }
+
+    /// Polls what the watch has seen until `check` accepts it; fails when the agent or the watch
+    /// ends, or after `timeout`.
+    async fn wait<T>(
+        &mut self,
+        agent: &mut Subject,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&HashMap<String, Seen>) -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = check(&self.seen.lock().unwrap_or_else(PoisonError::into_inner));
+            if let Some(found) = found {
+                return Ok(found);
+            }
+            agent.alive()?;
+            if self.task.is_finished() {
+                (&mut self.task).await??;
+                bail!("the pod watch ended");
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {what} within {timeout:?}; see {}",
+                    agent.log().display()
+                );
+            }
+            tokio::time::sleep(WATCH_POLL).await;
+        }
+    }
+}
+
+impl Drop for PodWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn follow(
+    api: Api<Pod>,
+    params: WatchParams,
+    mut version: String,
+    mut stream: BoxStream<'static, kube::Result<WatchEvent<Pod>>>,
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+) -> Result<()> {
+    loop {
+        while let Some(event) = stream.try_next().await? {
+            let now = Instant::now();
+            let (pod, gone) = match event {
+                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => (pod, false),
+                WatchEvent::Deleted(pod) => (pod, true),
+                WatchEvent::Bookmark(bookmark) => {
+                    version = bookmark.metadata.resource_version;
+                    continue;
+                }
+                WatchEvent::Error(status) => bail!("the pod watch failed: {status:?}"),
+            };
+            if let Some(v) = &pod.metadata.resource_version {
+                version.clone_from(v);
+            }
+            let Some(name) = pod.metadata.name.clone() else {
+                continue;
+            };
+            let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+            let entry = seen.entry(name).or_default();
+            if gone {
+                entry.gone.get_or_insert(now);
+            } else if running_and_ready(&pod) {
+                entry.ready.get_or_insert(now);
+            }
+        }
+        // The API server ends every watch after a few minutes: go on from the last version seen.
+        stream = api.watch(&params, &version).await?.boxed();
+    }
+}
+
+/// Force-deletes the pods bound to `node` (none after a run that went through) and waits until
+/// the agent has removed their containers.
+async fn remove_pods(client: &kube::Client, node: &str, agent: &mut Subject) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let selector = format!("spec.nodeName={node}");
+    let left = pods.list(&ListParams::default().fields(&selector)).await?;
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for pod in &left.items {
+        if let Some(name) = &pod.metadata.name {
+            ignore_not_found(pods.delete(name, &force).await.map(drop))?;
+        }
+    }
+    if left.items.is_empty() && runtime_containers(NAMESPACE)?.is_empty() {
+        return Ok(());
+    }
+    println!("removing {} pods left on {node}", left.items.len());
+    let deadline = Instant::now() + RUNTIME_CLEANUP_TIMEOUT;
+    loop {
+        let containers = runtime_containers(NAMESPACE)?;
+        if containers.is_empty() {
+            return Ok(());
+        }
+        agent.alive()?;
+        if Instant::now() > deadline {
+            bail!(
+                "{} containers of namespace {NAMESPACE} still in containerd after {RUNTIME_CLEANUP_TIMEOUT:?}: {}",
+                containers.len(),
+                containers.join(" ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Deletes the Node, its Lease and `CSINode` (the upstream kubelet makes one; without
+/// kube-controller-manager nothing collects it), and the events about the node and the bench pods.
+async fn remove_node_objects(client: &kube::Client, node: &str) -> Result<()> {
+    let gone = DeleteParams::default();
+    ignore_not_found(
+        Api::<Node>::all(client.clone())
+            .delete(node, &gone)
+            .await
+            .map(drop),
+    )?;
+    ignore_not_found(
+        Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
+            .delete(node, &gone)
+            .await
+            .map(drop),
+    )?;
+    ignore_not_found(
+        Api::<CSINode>::all(client.clone())
+            .delete(node, &gone)
+            .await
+            .map(drop),
+    )?;
+    Api::<Event>::namespaced(client.clone(), "default")
+        .delete_collection(
+            &gone,
+            &ListParams::default().fields(&format!("involvedObject.name={node}")),
+        )
+        .await?;
+    Api::<Event>::namespaced(client.clone(), NAMESPACE)
+        .delete_collection(&gone, &ListParams::default())
+        .await?;
+    Ok(())
+}
+
+fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Removes the agent's root dir, the rest of its state in the run dir and its node kubeconfig;
+/// the log and the kubelet's configuration stay. What is mounted below the root dir is unmounted
+/// first (the upstream kubelet bind-mounts its root dir onto itself, shared, and leaves it), so
+/// the removal never reaches into a mount.
+fn remove_files(root_dir: &Path, run_dir: &Path, kubeconfig: &Path) -> Result<()> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut mounts: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| Path::new(m).starts_with(root_dir))
+        .collect();
+    // Deepest first; a point mounted twice is listed twice and unmounted twice.
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for mount in mounts {
+        cmd::run(Command::new("umount").arg(mount))?;
+    }
+    let manifests = run_dir.join("manifests");
+    for dir in [
+        root_dir.to_path_buf(),
+        run_dir.join("pki"),
+        run_dir.join("pod-logs"),
+        run_dir.join("volume-plugins"),
+        manifests,
+    ] {
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+    }
+    match fs::remove_file(kubeconfig) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", kubeconfig.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What the upstream kubelet changes on the host, as it was before it started.
+#[derive(Serialize, Deserialize)]
+struct HostState {
+    /// `/proc/sys` path and value.
+    sysctls: Vec<(String, String)>,
+    /// (program, table, chain) of every iptables chain there was.
+    chains: Vec<(String, String, String)>,
+    /// Directories (cgroups included) the kubelet creates that did not exist, children first.
+    missing: Vec<PathBuf>,
+}
+
+impl HostState {
+    fn read() -> Result<Self> {
+        let sysctls = KUBELET_SYSCTLS
+            .iter()
+            .map(|key| {
+                let value = fs::read_to_string(Path::new("/proc/sys").join(key))
+                    .with_context(|| format!("reading sysctl {key}"))?;
+                Ok(((*key).to_owned(), value.trim().to_owned()))
+            })
+            .collect::<Result<_>>()?;
+        let mut chains = Vec::new();
+        for program in iptables_programs() {
+            for table in IPTABLES_TABLES {
+                for chain in iptables_chains(program, table)? {
+                    chains.push((program.to_owned(), table.to_owned(), chain));
+                }
+            }
+        }
+        let missing = kubelet_dirs()?
+            .into_iter()
+            .filter(|d| !d.exists())
+            .collect();
+        Ok(Self {
+            sysctls,
+            chains,
+            missing,
+        })
+    }
+
+    /// Puts back what changed since [`HostState::read`]: sysctl values, `KUBE-*` chains that were
+    /// not there (with the rules jumping to them), directories that were not there.
+    fn restore(&self) -> Result<()> {
+        for (key, value) in &self.sysctls {
+            let path = Path::new("/proc/sys").join(key);
+            fs::write(&path, value).with_context(|| format!("restoring sysctl {key}={value}"))?;
+        }
+        for program in iptables_programs() {
+            for table in IPTABLES_TABLES {
+                let before: HashSet<&str> = self
+                    .chains
+                    .iter()
+                    .filter(|(p, t, _)| p == program && t == table)
+                    .map(|(_, _, c)| c.as_str())
+                    .collect();
+                let added: HashSet<String> = iptables_chains(program, table)?
+                    .into_iter()
+                    .filter(|c| c.starts_with("KUBE-") && !before.contains(c.as_str()))
+                    .collect();
+                remove_chains(program, table, &added)?;
+            }
+        }
+        for dir in &self.missing {
+            if !dir.exists() {
+                continue;
+            }
+            // The device-plugin directory holds only the kubelet's socket; everything else must
+            // be empty by now (a cgroup with tasks or children refuses, and is reported).
+            let removed = if dir.ends_with("device-plugins") {
+                fs::remove_dir_all(dir)
+            } else {
+                fs::remove_dir(dir)
+            };
+            removed.with_context(|| format!("removing {}", dir.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The kubelet's directories and the `QoS` cgroups below every v1 hierarchy, children first.
+fn kubelet_dirs() -> Result<Vec<PathBuf>> {
+    let mut dirs: Vec<PathBuf> = KUBELET_DIRS.iter().map(PathBuf::from).collect();
+    for hierarchy in fs::read_dir("/sys/fs/cgroup").context("listing /sys/fs/cgroup")? {
+        let hierarchy = hierarchy?.path();
+        if hierarchy.join("cgroup.procs").exists() {
+            dirs.extend(QOS_CGROUPS.iter().map(|c| hierarchy.join(c)));
+        }
+    }
+    Ok(dirs)
+}
+
+fn iptables_programs() -> Vec<&'static str> {
+    IPTABLES
+        .into_iter()
+        .filter(|p| cmd::succeeds(Command::new(p).arg("--version")))
+        .collect()
+}
+
+/// The chains of `table` (`-N` lines of `-S`; the built-in chains are `-P` lines).
+fn iptables_chains(program: &str, table: &str) -> Result<Vec<String>> {
+    Ok(
+        cmd::output(Command::new(program).args(["-w", "-t", table, "-S"]))?
+            .lines()
+            .filter_map(|l| l.strip_prefix("-N "))
+            .map(|c| c.trim().to_owned())
+            .collect(),
+    )
+}
+
+/// Deletes the rules of other chains that jump to `chains`, then flushes and deletes them.
+fn remove_chains(program: &str, table: &str, chains: &HashSet<String>) -> Result<()> {
+    if chains.is_empty() {
+        return Ok(());
+    }
+    let rules = cmd::output(Command::new(program).args(["-w", "-t", table, "-S"]))?;
+    for rule in rules.lines().filter_map(|l| l.strip_prefix("-A ")) {
+        let words = split_rule(rule);
+        let target = words
+            .iter()
+            .position(|w| w == "-j" || w == "-g")
+            .and_then(|i| words.get(i + 1));
+        let own_chain = words.first().is_some_and(|c| chains.contains(c));
+        if !own_chain && target.is_some_and(|t| chains.contains(t)) {
+            cmd::run(
+                Command::new(program)
+                    .args(["-w", "-t", table, "-D"])
+                    .args(&words),
+            )?;
+        }
+    }
+    for flag in ["-F", "-X"] {
+        for chain in chains {
+            cmd::run(Command::new(program).args(["-w", "-t", table, flag, chain]))?;
+        }
+    }
+    println!(
+        "{program} -t {table}: removed the kubelet's chains {}",
+        chains.iter().cloned().collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
+}
+
+/// The words of an `iptables -S` rule; a comment in double quotes is one word.
+fn split_rule(rule: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    let mut chars = rule.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => quoted = !quoted,
+            '\\' if quoted => word.extend(chars.next()),
+            c if c.is_whitespace() && !quoted => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// The host as it was before the kubelet started, put back when dropped; also on disk, so a run
+/// that was killed is repaired by the next one.
+struct HostGuard {
+    state: HostState,
+    restored: bool,
+}
+
+impl HostGuard {
+    fn state_path() -> PathBuf {
+        Path::new(lab::LAB_DIR).join("bench").join(HOST_STATE)
+    }
+
+    fn take() -> Result<Self> {
+        let path = Self::state_path();
+        if let Ok(text) = fs::read_to_string(&path) {
+            println!(
+                "{} is left from a run that was killed: restoring it",
+                path.display()
+            );
+            let earlier: HostState = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            earlier.restore()?;
+        }
+        let state = HostState::read()?;
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::write(&path, serde_json::to_vec_pretty(&state)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self {
+            state,
+            restored: false,
+        })
+    }
+
+    fn restore(mut self) -> Result<()> {
+        self.restored = true;
+        self.state.restore()?;
+        fs::remove_file(Self::state_path())?;
+        println!("host settings the kubelet changed are restored");
+        Ok(())
+    }
+}
+
+impl Drop for HostGuard {
+    fn drop(&mut self) {
+        if !self.restored && self.state.restore().is_ok() {
+            let _ = fs::remove_file(Self::state_path());
+        }
+    }
+}
+
+/// Where the audit log was when a side started.
+struct AuditMark {
+    since: jiff::Timestamp,
+    offset: u64,
+    inode: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AuditEvent {
+    #[serde(rename = "auditID")]
+    audit_id: String,
+    stage: String,
+    verb: String,
+    #[serde(rename = "requestURI")]
+    request_uri: String,
+    user: AuditUser,
+    object_ref: Option<ObjectRef>,
+    response_status: Option<ResponseStatus>,
+    request_received_timestamp: String,
+    stage_timestamp: String,
+}
+
+#[derive(Deserialize)]
+struct AuditUser {
+    username: String,
+}
+
+#[derive(Deserialize)]
+struct ObjectRef {
+    resource: Option<String>,
+    subresource: Option<String>,
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ResponseStatus {
+    code: Option<u16>,
+}
+
+/// One request of a node, from its audit event.
+struct Request {
+    id: String,
+    /// `<verb> <resource>[/<subresource>]`, or `<verb> <path>` for a non-resource URL.
+    kind: String,
+    verb: String,
+    name: Option<String>,
+    resource: Option<String>,
+    received: jiff::Timestamp,
+    latency_ms: f64,
+    complete: bool,
+    ok: bool,
+}
+
+fn audit_log() -> PathBuf {
+    Path::new(CLUSTER_DIR).join(cluster::AUDIT_LOG)
+}
+
+impl AuditMark {
+    fn now() -> Result<Self, String> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(audit_log()).map_err(|e| {
+            format!(
+                "no audit log at {} ({e}): `cargo xtask cluster up` restarts the API server with one",
+                audit_log().display()
+            )
+        })?;
+        Ok(Self {
+            since: jiff::Timestamp::try_from(SystemTime::now()).map_err(|e| e.to_string())?,
+            offset: meta.len(),
+            inode: meta.ino(),
+        })
+    }
+
+    /// The requests of `user` since the mark. After a rotation the whole current and rotated
+    /// files are read and filtered by time.
+    fn events(self, user: &str) -> Result<Vec<Request>, String> {
+        self.read(user)
+            .map_err(|e| format!("reading the audit log: {e:#}"))
+    }
+
+    fn read(&self, user: &str) -> Result<Vec<Request>> {
+        use std::io::{Read, Seek};
+        use std::os::unix::fs::MetadataExt;
+        let log = audit_log();
+        let mut file = fs::File::open(&log)?;
+        let mut text = String::new();
+        if file.metadata()?.ino() == self.inode {
+            file.seek(std::io::SeekFrom::Start(self.offset))?;
+            file.read_to_string(&mut text)?;
+        } else {
+            for entry in fs::read_dir(CLUSTER_DIR)? {
+                let path = entry?.path();
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                if name.starts_with("audit") && name.ends_with(".log") && path != log {
+                    text.push_str(&fs::read_to_string(&path)?);
+                }
+            }
+            file.read_to_string(&mut text)?;
+        }
+        let mut requests = Vec::new();
+        for line in text.lines() {
+            // Cheap filter first: most lines are someone else's.
+            if !line.contains(user) {
+                continue;
+            }
+            let Ok(event) = serde_json::from_str::<AuditEvent>(line) else {
+                continue;
+            };
+            if event.user.username != user {
+                continue;
+            }
+            let received: jiff::Timestamp = event.request_received_timestamp.parse()?;
+            if received < self.since {
+                continue;
+            }
+            let stage: jiff::Timestamp = event.stage_timestamp.parse()?;
+            let kind = match &event.object_ref {
+                Some(ObjectRef {
+                    resource: Some(resource),
+                    subresource,
+                    ..
+                }) => match subresource {
+                    Some(sub) => format!("{} {resource}/{sub}", event.verb),
+                    None => format!("{} {resource}", event.verb),
+                },
+                _ => format!(
+                    "{} {}",
+                    event.verb,
+                    event.request_uri.split('?').next().unwrap_or_default()
+                ),
+            };
+            #[allow(clippy::cast_precision_loss)]
+            let latency_ms = stage.duration_since(received).as_micros() as f64 / 1000.0;
+            requests.push(Request {
+                id: event.audit_id,
+                kind,
+                name: event.object_ref.as_ref().and_then(|o| o.name.clone()),
+                resource: event.object_ref.and_then(|o| o.resource),
+                verb: event.verb,
+                received,
+                latency_ms,
+                complete: event.stage == "ResponseComplete",
+                ok: event
+                    .response_status
+                    .and_then(|s| s.code)
+                    .is_some_and(|c| (200..300).contains(&c)),
+            });
+        }
+        Ok(requests)
+    }
+}
+
+/// Server-side latency by request kind, most frequent first; watches left out.
+fn server_latency(requests: &[Request]) -> Vec<ServerLatency> {
+    let mut by_kind: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for r in requests.iter().filter(|r| r.complete && r.verb != "watch") {
+        by_kind.entry(&r.kind).or_default().push(r.latency_ms);
+    }
+    let mut out: Vec<ServerLatency> = by_kind
+        .into_iter()
+        .map(|(kind, mut samples)| {
+            samples.sort_by(f64::total_cmp);
+            ServerLatency {
+                request: kind.to_owned(),
+                count: samples.len(),
+                median_ms: percentile(&samples, 50.0),
+                p99_ms: percentile(&samples, 99.0),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.count.cmp(&a.count).then(a.request.cmp(&b.request)));
+    out
+}
+
+/// Intervals between successful writes (update or patch) of the node's Lease.
+fn lease_renewals(requests: &[Request], node: &str) -> Option<Stats> {
+    let mut times: Vec<jiff::Timestamp> = requests
+        .iter()
+        .filter(|r| {
+            r.complete
+                && r.ok
+                && r.resource.as_deref() == Some("leases")
+                && r.name.as_deref() == Some(node)
+                && (r.verb == "update" || r.verb == "patch")
+        })
+        .map(|r| r.received)
+        .collect();
+    times.sort();
+    #[allow(clippy::cast_precision_loss)]
+    let intervals: Vec<f64> = times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_micros() as f64 / 1000.0)
+        .collect();
+    (!intervals.is_empty()).then(|| Stats::of(intervals))
+}
+
+/// Requests received in `window` (a watch counted once): per minute, and by kind.
+fn requests_in(
+    requests: &[Request],
+    window: (jiff::Timestamp, jiff::Timestamp),
+) -> (f64, BTreeMap<String, usize>) {
+    let mut ids = HashSet::new();
+    let mut by_kind = BTreeMap::new();
+    for r in requests
+        .iter()
+        .filter(|r| r.received >= window.0 && r.received < window.1)
+    {
+        if ids.insert(r.id.as_str()) {
+            *by_kind.entry(r.kind.clone()).or_insert(0) += 1;
+        }
+    }
+    let seconds = window.1.duration_since(window.0).as_secs_f64();
+    #[allow(clippy::cast_precision_loss)]
+    let per_minute = ids.len() as f64 * 60.0 / seconds;
+    (per_minute, by_kind)
+}
+
+fn markdown(report: &Report) -> String {
+    let mut out = format!(
+        "# bench cluster: ringlet and the upstream kubelet as nodes of one control plane\n\n\
+         ringlet commit `{}`, {}; kubelet {}; `cargo xtask bench cluster --pods {} --idle-seconds {}` \
+         (settle {} s)\n\nmachine: {}\n\n\
+         Both agents join the same kube-apiserver (v1.36.2, `cargo xtask cluster up`) as their own node \
+         (client certificate `system:node:<node>`), one after the other in this run, on the same \
+         containerd; {}. Pods are busybox `sh -c \"{POD_COMMAND}\"`, bound with `spec.nodeName`, \
+         `automountServiceAccountToken: false`, `dnsPolicy: Default` (no cluster DNS here: with \
+         ClusterFirst the kubelet sends a MissingClusterDNS warning event at every pod sync), \
+         restartPolicy Always, default grace period.\n\n\
+         - **create → Running, Ready**: per pod, from the moment its `POST` returned (the bench \
+         creates them one after the other) to the first event of a watch (`spec.nodeName=<node>`, \
+         opened before the first create) with phase Running and condition Ready True.\n\
+         - **delete → gone**: per pod, from the moment its `DELETE` (default grace period; the \
+         container exits on SIGTERM) returned to the watch's `DELETED` event.\n\
+         - **idle**: after all pods are Ready and {} s of settling (past the kubelet's first \
+         one-minute resync of each pod, which still writes its status), over {} s with the pods \
+         running: the agent process's utime + stime from `/proc/<pid>/stat` in % of one core, \
+         `VmRSS` sampled every second (median), and the requests of user `system:node:<node>` \
+         received in the window according to the API server's audit log, per minute.\n\
+         - **server-side latency**: `stageTimestamp − requestReceivedTimestamp` of each \
+         completed request of the node's user in the audit log (Metadata level) over its whole \
+         run, watches left out; **lease renewals**: intervals between its successful Lease \
+         updates. **containers removed**: from the last pod gone to containerd holding none of \
+         the round's containers (polled every 0.5 s with `ctr`).\n\n",
+        report.commit,
+        report.date,
+        report.kubelet_version.as_deref().unwrap_or("not found"),
+        report
+            .pods
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        report.idle_seconds,
+        report.settle_seconds,
+        report.machine.describe(),
+        report.network,
+        report.settle_seconds,
+        report.idle_seconds,
+    );
+    for side in &report.sides {
+        side_markdown(&mut out, side);
+    }
+    ratios_markdown(&mut out, report);
+    out
+}
+
+fn side_markdown(out: &mut String, side: &Side) {
+    let _ = writeln!(out, "## {} (node `{}`)\n", side.agent, side.node);
+    if let Some(reason) = &side.skipped {
+        let _ = writeln!(out, "SKIP: {reason}\n");
+        return;
+    }
+    if let Some(ms) = side.start_to_node_ready_ms {
+        let _ = writeln!(
+            out,
+            "agent start → node Ready on the API server: {ms:.0} ms\n"
+        );
+    }
+    out.push_str(
+        "| pods | create → Ready median ms | p99 ms | delete → gone median ms | p99 ms | \
+         idle CPU % of a core | idle RSS MiB | API requests/min idle | containers removed s |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in &side.rounds {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {} | {:.1} |",
+            r.pods,
+            r.create_to_ready.median_ms,
+            r.create_to_ready.p99_ms,
+            r.delete_to_gone.median_ms,
+            r.delete_to_gone.p99_ms,
+            r.idle.cpu_percent,
+            r.idle.rss_mib_median,
+            r.idle
+                .api_requests_per_minute
+                .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.1}")),
+            r.runtime_cleanup_s,
+        );
+    }
+    out.push('\n');
+    if let Some(reason) = &side.audit_missing {
+        let _ = writeln!(out, "No audit numbers: {reason}\n");
+        return;
+    }
+    for r in &side.rounds {
+        let requests: Vec<String> = r
+            .idle
+            .api_requests
+            .iter()
+            .map(|(kind, n)| format!("`{kind}` {n}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "Requests in the idle window with {} pods ({:.0} s): {}\n",
+            r.pods,
+            r.idle.window_s,
+            if requests.is_empty() {
+                "none".to_owned()
+            } else {
+                requests.join(", ")
+            }
+        );
+    }
+    out.push_str(
+        "| request (server side, whole run) | count | median ms | p99 ms |\n|---|---:|---:|---:|\n",
+    );
+    for l in &side.server_latency {
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {:.2} | {:.2} |",
+            l.request, l.count, l.median_ms, l.p99_ms
+        );
+    }
+    match &side.lease_renew_interval {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "\nlease renewals: median interval {:.2} s, p99 {:.2} s ({} intervals)\n",
+                s.median_ms / 1000.0,
+                s.p99_ms / 1000.0,
+                s.samples
+            );
+        }
+        None => out.push_str("\nlease renewals: fewer than two seen\n\n"),
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if a.is_finite() && b.is_finite() && b > 0.0 {
+        format!("{:.2}×", a / b)
+    } else {
+        "n/a".to_owned()
+    }
+}
+
+/// (metric, ringlet, kubelet, unit) of one pod count.
+fn round_rows(r: &Round, k: &Round) -> [(&'static str, f64, f64, &'static str); 7] {
+    let requests = |round: &Round| round.idle.api_requests_per_minute.unwrap_or(f64::NAN);
+    [
+        (
+            "create → Ready median",
+            r.create_to_ready.median_ms,
+            k.create_to_ready.median_ms,
+            "ms",
+        ),
+        (
+            "create → Ready p99",
+            r.create_to_ready.p99_ms,
+            k.create_to_ready.p99_ms,
+            "ms",
+        ),
+        (
+            "delete → gone median",
+            r.delete_to_gone.median_ms,
+            k.delete_to_gone.median_ms,
+            "ms",
+        ),
+        (
+            "delete → gone p99",
+            r.delete_to_gone.p99_ms,
+            k.delete_to_gone.p99_ms,
+            "ms",
+        ),
+        (
+            "idle CPU",
+            r.idle.cpu_percent,
+            k.idle.cpu_percent,
+            "% of a core",
+        ),
+        (
+            "idle RSS",
+            r.idle.rss_mib_median,
+            k.idle.rss_mib_median,
+            "MiB",
+        ),
+        ("API requests idle", requests(r), requests(k), "/min"),
+    ]
+}
+
+fn ratios_markdown(out: &mut String, report: &Report) {
+    let find = |agent: &str| {
+        report
+            .sides
+            .iter()
+            .find(|s| s.agent == agent && s.skipped.is_none())
+    };
+    let (Some(ringlet), Some(kubelet)) = (find("ringlet"), find("kubelet")) else {
+        out.push_str("## ringlet / kubelet\n\nno ratios: one side did not run\n");
+        return;
+    };
+    out.push_str(
+        "## ringlet / kubelet\n\nBelow 1 means ringlet is faster or cheaper.\n\n\
+         | pods | metric | ringlet | kubelet | ringlet / kubelet |\n|---:|---|---:|---:|---:|\n",
+    );
+    for r in &ringlet.rounds {
+        let Some(k) = kubelet.rounds.iter().find(|k| k.pods == r.pods) else {
+            continue;
+        };
+        for (name, a, b, unit) in round_rows(r, k) {
+            let _ = writeln!(
+                out,
+                "| {} | {name} ({unit}) | {a:.2} | {b:.2} | {} |",
+                r.pods,
+                ratio(a, b)
+            );
+        }
+    }
+    if let (Some(a), Some(b)) = (
+        ringlet.start_to_node_ready_ms,
+        kubelet.start_to_node_ready_ms,
+    ) {
+        let _ = writeln!(
+            out,
+            "| | agent start → node Ready (ms) | {a:.0} | {b:.0} | {} |",
+            ratio(a, b)
+        );
+    }
+    if let (Some(a), Some(b)) = (&ringlet.lease_renew_interval, &kubelet.lease_renew_interval) {
+        let _ = writeln!(
+            out,
+            "| | lease renewal interval median (s) | {:.2} | {:.2} | {} |",
+            a.median_ms / 1000.0,
+            b.median_ms / 1000.0,
+            ratio(a.median_ms, b.median_ms)
+        );
+    }
+    let shared: Vec<(&ServerLatency, &ServerLatency)> = ringlet
+        .server_latency
+        .iter()
+        .filter_map(|a| {
+            kubelet
+                .server_latency
+                .iter()
+                .find(|b| b.request == a.request)
+                .map(|b| (a, b))
+        })
+        .collect();
+    if !shared.is_empty() {
+        out.push_str(
+            "\nServer-side latency of the requests both agents make (whole run):\n\n\
+             | request | ringlet count | kubelet count | ringlet median ms | kubelet median ms | \
+             median ratio | ringlet p99 ms | kubelet p99 ms | p99 ratio |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for (a, b) in shared {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {} |",
+                a.request,
+                a.count,
+                b.count,
+                a.median_ms,
+                b.median_ms,
+                ratio(a.median_ms, b.median_ms),
+                a.p99_ms,
+                b.p99_ms,
+                ratio(a.p99_ms, b.p99_ms)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quoted_comment_is_one_word() {
+        assert_eq!(
+            split_rule(
+                r#"KUBE-FIREWALL ! -s 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -j DROP"#
+            ),
+            [
+                "KUBE-FIREWALL",
+                "!",
+                "-s",
+                "127.0.0.0/8",
+                "-m",
+                "comment",
+                "--comment",
+                "block incoming localnet connections",
+                "-j",
+                "DROP"
+            ]
+        );
+    }
+
+    fn request(id: &str, kind: &str, at: &str, latency_ms: f64) -> Request {
+        let (verb, resource) = kind.split_once(' ').unwrap();
+        Request {
+            id: id.to_owned(),
+            kind: kind.to_owned(),
+            verb: verb.to_owned(),
+            name: Some("n".to_owned()),
+            resource: Some(resource.to_owned()),
+            received: at.parse().unwrap(),
+            latency_ms,
+            complete: true,
+            ok: true,
+        }
+    }
+
+    #[test]
+    fn lease_intervals_and_idle_requests_come_from_the_audit_events() {
+        let requests = [
+            request("a", "update leases", "2026-01-01T00:00:00Z", 2.0),
+            request("b", "get nodes", "2026-01-01T00:00:05Z", 1.0),
+            request("c", "update leases", "2026-01-01T00:00:10Z", 4.0),
+            request("d", "update leases", "2026-01-01T00:00:20.5Z", 3.0),
+            // A watch: started (counted as a request, not a latency), still open.
+            Request {
+                complete: false,
+                ..request("e", "watch pods", "2026-01-01T00:00:25Z", 0.1)
+            },
+        ];
+        let lease = lease_renewals(&requests, "n").unwrap();
+        assert_eq!(lease.samples_ms, [10_000.0, 10_500.0]);
+        let window = (
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+            "2026-01-01T00:00:30Z".parse().unwrap(),
+        );
+        let (per_minute, by_kind) = requests_in(&requests, window);
+        assert!((per_minute - 10.0).abs() < 1e-9);
+        assert_eq!(by_kind["update leases"], 3);
+        assert_eq!(by_kind["watch pods"], 1);
+        let latency = server_latency(&requests);
+        assert_eq!(latency.len(), 2);
+        assert_eq!(latency[0].request, "update leases");
+        assert_eq!(latency[0].count, 3);
+        assert!((latency[0].median_ms - 3.0).abs() < 1e-9);
+    }
+}
