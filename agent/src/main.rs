@@ -26,11 +26,12 @@ use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
     ApiParts, Kubelet, KubeletDeps, KubeletServerHost, KubeletSettings, NodeHelper,
-    NodeStatusSettings, RunPodResult,
+    NodeStatusSettings, ProbeDeps, RunPodResult,
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
+use ringlet::prober::ProbeResults;
 use ringlet::server::auth::{AuthSettings, AuthorizationMode, KubeletAuth};
 use ringlet::server::{self, ApiServing, ServeLimits, ServingTls, TlsSettings};
 use ringlet::stats::{CgroupLayout, StatsProvider, StatsSettings};
@@ -114,7 +115,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
     let (published_node, node) = watch::channel(None);
-    let runtime_manager = build_runtime(&config, engine, &pod_cgroups, &recorder, node);
+    let (runtime_manager, probes) = build_runtime(&config, engine, &pod_cgroups, &recorder, node);
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
     let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
     let (updates, sources_ready) = podconfig::start(
@@ -156,6 +157,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
             broadcaster: broadcaster.clone(),
             api: api_client.clone(),
             node: published_node,
+            probes,
         },
     );
 
@@ -305,14 +307,16 @@ async fn serve_events(
 }
 
 /// The CRI runtime manager over the configured endpoint (connected lazily, its socket I/O on the
-/// engine).
+/// engine), and what the probes need: their verdicts (which the runtime manager acts on) and the
+/// runtime to run exec probes in.
 fn build_runtime(
     config: &AgentConfig,
     engine: IoEngine,
     pod_cgroups: &Arc<PodContainerManager>,
     recorder: &Recorder,
     node: watch::Receiver<Option<Node>>,
-) -> Arc<KubeGenericRuntimeManager> {
+) -> (Arc<KubeGenericRuntimeManager>, ProbeDeps) {
+    let (probe_results, probe_updates) = ProbeResults::new();
     let kc = &config.kubelet;
     let helper = Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
@@ -321,13 +325,14 @@ fn build_runtime(
         root_dir: config.root_dir.clone(),
         pod_log_root: kc.pod_logs_dir.clone(),
         pod_cgroups: Arc::clone(pod_cgroups),
+        probe_results: probe_results.clone(),
     });
     let cri = CriClient::from_channel(
         &kc.container_runtime_endpoint,
         io::unix_channel(kc.runtime_socket_path().to_path_buf(), engine),
         kc.runtime_request_timeout,
     );
-    Arc::new(KubeGenericRuntimeManager::new(
+    let manager = Arc::new(KubeGenericRuntimeManager::new(
         cri,
         helper,
         recorder.clone(),
@@ -335,7 +340,13 @@ fn build_runtime(
             memory_capacity_bytes: memory_capacity_bytes(),
             ..RuntimeSettings::default()
         },
-    ))
+    ));
+    let probes = ProbeDeps {
+        results: probe_results,
+        updates: probe_updates,
+        runner: manager.clone(),
+    };
+    (manager, probes)
 }
 
 /// TLS and authentication for the kubelet API; any problem (a bad certificate, an unreachable

@@ -14,12 +14,15 @@ use tokio::sync::watch;
 
 use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{
-    ContainerState, PodCache, PodStatus, PodUid, Runtime, SandboxId, SandboxState, StreamingRuntime,
+    ContainerId, ContainerState, PodCache, PodStatus, PodUid, Runtime, SandboxId, SandboxState,
+    StreamingRuntime,
 };
 use crate::io::IoEngine;
 use crate::kuberuntime::RuntimeHelper;
+use crate::kuberuntime::changes::ProbeKill;
 use crate::metrics::Metrics;
 use crate::pleg::PlegHandle;
+use crate::prober::{ProbeResult, ProbeResults, ProbeType};
 use crate::server::{FoundContainer, HealthCheck, HostError, PodRef, ServerHost};
 use crate::stats::{PodStatsInput, StatsProvider, Summary};
 use crate::status::StatusManager;
@@ -263,6 +266,8 @@ pub struct NodeHelper {
     /// Where pod log directories go (the kubelet's `/var/log/pods`).
     pub pod_log_root: PathBuf,
     pub pod_cgroups: Arc<PodContainerManager>,
+    /// The probes' verdicts: a failed liveness or startup verdict restarts the container.
+    pub probe_results: ProbeResults,
 }
 
 impl RuntimeHelper for NodeHelper {
@@ -294,5 +299,18 @@ impl RuntimeHelper for NodeHelper {
 
     fn pod_log_dir(&self, namespace: &str, name: &str, uid: &PodUid) -> PathBuf {
         self.pod_log_root.join(format!("{namespace}_{name}_{uid}"))
+    }
+
+    fn restart_reason(&self, container: &ContainerId) -> Option<ProbeKill> {
+        let failed = |probe_type| {
+            self.probe_results.get(probe_type, container) == Some(ProbeResult::Failure)
+        };
+        if failed(ProbeType::Liveness) {
+            Some(ProbeKill::Liveness)
+        } else if failed(ProbeType::Startup) {
+            Some(ProbeKill::Startup)
+        } else {
+            None
+        }
     }
 }
