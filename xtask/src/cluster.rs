@@ -174,7 +174,7 @@ impl Binaries {
 
 /// Runs envtest's `setup.sh` (next to the workspace, else in the shared folder of this machine)
 /// and returns the folder it prints.
-fn run_envtest_setup() -> Result<PathBuf> {
+pub(crate) fn run_envtest_setup() -> Result<PathBuf> {
     let candidates = [
         workspace_root().join("../shared/envtest/setup.sh"),
         PathBuf::from("/work/shared/envtest/setup.sh"),

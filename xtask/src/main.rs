@@ -12,6 +12,7 @@ mod io_bench;
 mod lab;
 mod oci;
 mod pleg_bench;
+mod probe_bench;
 mod server_bench;
 mod test;
 
@@ -80,6 +81,8 @@ enum Bench {
     Server(server_bench::ServerArgs),
     /// `io_uring` vs epoll engine: CRI round trips, cgroup sweeps and the kubelet API on both.
     Io(io_bench::IoArgs),
+    /// Probes at periodSeconds 1 on 100 pods: agent CPU and probe latency, ringlet vs the kubelet.
+    Probes(probe_bench::ProbesArgs),
 }
 
 fn main() -> Result<()> {
@@ -101,6 +104,7 @@ fn main() -> Result<()> {
             Bench::Pleg(args) => pleg_bench::pleg(&args),
             Bench::Server(args) => server_bench::server(&args),
             Bench::Io(args) => io_bench::io(&args),
+            Bench::Probes(args) => probe_bench::probes(&args),
         },
     }
 }

@@ -171,7 +171,7 @@ fn write_views(out_dir: &Path, report: &Report, args: &PlegArgs) -> Result<()> {
 
 /// Waits (bounded) until no other agent holds the global pins: starting would clear them. A test
 /// suite starts agents back to back, so the pins must stay free for a while, not just an instant.
-fn wait_for_free_pins() -> Result<()> {
+pub(crate) fn wait_for_free_pins() -> Result<()> {
     let started = Instant::now();
     let mut free_since: Option<Instant> = None;
     loop {
