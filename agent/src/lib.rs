@@ -24,6 +24,7 @@ pub mod pleg;
 pub mod pod;
 pub mod pod_workers;
 pub mod podconfig;
+pub mod prober;
 pub mod server;
 pub mod stats;
 pub mod status;

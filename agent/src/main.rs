@@ -26,12 +26,13 @@ use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
     ApiParts, Kubelet, KubeletDeps, KubeletServerHost, KubeletSettings, NodeHelper,
-    NodeStatusSettings, RunPodResult,
+    NodeStatusSettings, ProbeDeps, RunPodResult,
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
 use ringlet::objects::ApiObjects;
 use ringlet::podconfig::{self, PodConfigOptions};
+use ringlet::prober::ProbeResults;
 use ringlet::server::auth::{AuthSettings, AuthorizationMode, KubeletAuth};
 use ringlet::server::{self, ApiServing, ServeLimits, ServingTls, TlsSettings};
 use ringlet::stats::{CgroupLayout, StatsProvider, StatsSettings};
@@ -111,8 +112,20 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
     let (published_node, node) = watch::channel(None);
     let objects = api_client.as_ref().map(ApiObjects::start);
-    let helper = node_helper(&config, &pod_cgroups, node, objects.clone());
+    let (probe_results, probe_updates) = ProbeResults::new();
+    let helper = node_helper(
+        &config,
+        &pod_cgroups,
+        node,
+        objects.clone(),
+        probe_results.clone(),
+    );
     let runtime_manager = build_runtime(&config, engine, &recorder, helper);
+    let probes = ProbeDeps {
+        results: probe_results,
+        updates: probe_updates,
+        runner: runtime_manager.clone(),
+    };
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
     let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
     let (updates, sources_ready) = podconfig::start(
@@ -145,6 +158,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
             api: api_client.clone(),
             objects,
             node: published_node,
+            probes,
         },
     );
 
@@ -327,7 +341,8 @@ async fn serve_events(
 }
 
 /// The CRI runtime manager over the configured endpoint (connected lazily, its socket I/O on the
-/// engine).
+/// engine), and what the probes need: their verdicts (which the runtime manager acts on) and the
+/// runtime to run exec probes in.
 fn build_runtime(
     config: &AgentConfig,
     engine: IoEngine,
@@ -352,12 +367,13 @@ fn build_runtime(
 }
 
 /// What the runtime manager asks of the node: its name, addresses and directories, the published
-/// Node, and what containers' environments read from the API server.
+/// Node, what containers' environments read from the API server, and the probes' verdicts.
 fn node_helper(
     config: &AgentConfig,
     pod_cgroups: &Arc<PodContainerManager>,
     node: watch::Receiver<Option<Node>>,
     objects: Option<ApiObjects>,
+    probe_results: ProbeResults,
 ) -> Arc<NodeHelper> {
     Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
@@ -367,6 +383,7 @@ fn node_helper(
         pod_log_root: config.kubelet.pod_logs_dir.clone(),
         pod_cgroups: Arc::clone(pod_cgroups),
         objects,
+        probe_results,
     })
 }
 

@@ -552,8 +552,11 @@ const CRASH_CHILD_READY: &str = "crash-child: pinned";
 /// The crashed agent's side: starts the hint source on the given cgroup and pin directory, says so,
 /// and waits to be killed.
 fn run_until_killed(dirs: &str) -> ! {
-    let (parent, pin_dir) = dirs.split_once('\n').expect("parent and pin directory");
-    std::fs::create_dir_all(parent).unwrap();
+    let Some((parent, pin_dir)) = dirs.split_once('\n') else {
+        panic!("{CRASH_CHILD_ENV} names no parent cgroup and pin directory: {dirs:?}")
+    };
+    std::fs::create_dir_all(parent)
+        .unwrap_or_else(|e| panic!("crash child: creating {parent}: {e}"));
     let (tx, _hints) = mpsc::channel(16);
     let options = EbpfOptions {
         pods_cgroup: PathBuf::from(parent),

@@ -21,11 +21,12 @@ use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
-    ApiParts, Kubelet, KubeletDeps, KubeletSettings, NodeHelper, NodeStatusSettings,
+    ApiParts, Kubelet, KubeletDeps, KubeletSettings, NodeHelper, NodeStatusSettings, ProbeDeps,
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
+use ringlet::prober::ProbeResults;
 use ringlet::server::{self, ServerHost};
 use ringlet::stats::{CgroupLayout, StatsProvider, StatsSettings};
 use ringlet_proto::runtime::v1 as cri;
@@ -61,6 +62,7 @@ struct Agent {
     host: Arc<dyn ServerHost>,
     root: TempDir,
     kubelet: JoinHandle<()>,
+    recorder: Recorder,
 }
 
 impl Drop for Agent {
@@ -72,6 +74,10 @@ impl Drop for Agent {
 impl Agent {
     /// Builds the core as `main` does and runs it. `before_run` sees the fake before the sync loop
     /// starts (e.g. to take the runtime down).
+    #[allow(
+        clippy::too_many_lines,
+        reason = "the agent's whole assembly, step by step"
+    )]
     fn start(before_run: impl FnOnce(&FakeCri)) -> Self {
         let fake = FakeCri::start();
         fake.add_image("busybox");
@@ -84,11 +90,13 @@ impl Agent {
         }
 
         let recorder = Recorder::new(None);
+        let events = recorder.clone();
         let pod_cgroups = Arc::new(
             PodContainerManager::new("/", CgroupDriver::Cgroupfs, false)
                 .unwrap_or_else(|e| panic!("creating the pod cgroup manager: {e}")),
         );
         let (published_node, node) = tokio::sync::watch::channel(None);
+        let (probe_results, probe_updates) = ProbeResults::new();
         let helper = Arc::new(NodeHelper {
             node,
             node_name: NODE.to_owned(),
@@ -97,6 +105,7 @@ impl Agent {
             pod_log_root: root.path().join("logs"),
             pod_cgroups: Arc::clone(&pod_cgroups),
             objects: None,
+            probe_results: probe_results.clone(),
         });
         let cri = CriClient::new(&fake.endpoint(), Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("creating the CRI client: {e}"));
@@ -148,6 +157,11 @@ impl Agent {
                 api: None,
                 objects: None,
                 node: published_node,
+                probes: ProbeDeps {
+                    results: probe_results,
+                    updates: probe_updates,
+                    runner: manager.clone(),
+                },
             },
         );
         let stats = StatsProvider::new(StatsSettings::new(
@@ -170,6 +184,7 @@ impl Agent {
             host,
             root,
             kubelet,
+            recorder: events,
         }
     }
 
@@ -179,6 +194,25 @@ impl Agent {
 
     fn write_manifest(&self) {
         write_atomically(&self.manifest(), MANIFEST);
+    }
+
+    /// `(reason, message)` of the events recorded so far.
+    fn events(&self) -> Vec<(String, String)> {
+        self.recorder
+            .recent()
+            .into_iter()
+            .map(|e| (e.reason, e.message))
+            .collect()
+    }
+
+    /// The static pod's `Ready` condition status in `/pods`.
+    fn ready_condition(&self) -> Option<String> {
+        self.pod()?
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status)
     }
 
     /// The static pod as `/pods` shows it.
@@ -548,4 +582,143 @@ async fn an_edited_manifest_replaces_the_pod() {
     .await;
     assert_eq!(agent.host.pods().len(), 1, "one pod in /pods");
     agent.wait_running().await;
+}
+
+/// [`MANIFEST`] with `probes` (YAML at the container's indentation) added to the container.
+fn manifest_with(probes: &str) -> String {
+    format!("{MANIFEST}{probes}")
+}
+
+#[tokio::test]
+async fn a_readiness_probe_decides_ready_and_the_ready_condition() {
+    let agent = Agent::start(|fake| fake.set_exec_result("app", 1, "not yet"));
+    write_atomically(
+        &agent.manifest(),
+        &manifest_with(
+            "    readinessProbe:\n      exec:\n        command: [check]\n      periodSeconds: 1\n",
+        ),
+    );
+    let app = agent.wait_running().await;
+    assert!(!app.ready, "not ready before the probe succeeds: {app:?}");
+    assert_eq!(app.started, Some(true));
+    wait_for("an Unhealthy event from the failing probe", || {
+        agent
+            .events()
+            .contains(&(
+                "Unhealthy".to_owned(),
+                "Readiness probe failed: not yet".to_owned(),
+            ))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(agent.ready_condition().as_deref(), Some("False"));
+
+    agent.fake.set_exec_result("app", 0, "");
+    wait_for("the container ready and the pod Ready", || {
+        (agent.running_app()?.ready && agent.ready_condition()? == "True").then_some(())
+    })
+    .await;
+
+    agent.fake.set_exec_result("app", 1, "gone");
+    wait_for("the pod NotReady again after three failures", || {
+        (agent.ready_condition()? == "False").then_some(())
+    })
+    .await;
+    assert!(!agent.running_app().is_some_and(|c| c.ready));
+    assert_eq!(
+        agent.fake.call_count("StopContainer"),
+        0,
+        "readiness never restarts a container"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_liveness_probe_restarts_the_container() {
+    let agent = Agent::start(|_| {});
+    write_atomically(
+        &agent.manifest(),
+        &manifest_with(
+            "    livenessProbe:\n      exec:\n        command: [check]\n      periodSeconds: 1\n      \
+             failureThreshold: 2\n",
+        ),
+    );
+    agent.wait_running().await;
+    let first = agent
+        .fake
+        .container_named("app")
+        .unwrap_or_else(|| panic!("no app container"));
+
+    agent.fake.set_exec_result("app", 1, "stuck");
+    let app = wait_for("restartCount 1 with app running again", || {
+        agent.running_app().filter(|c| c.restart_count == 1)
+    })
+    .await;
+    assert!(app.ready, "a liveness probe alone does not gate readiness");
+    let second = agent
+        .fake
+        .container_named("app")
+        .unwrap_or_else(|| panic!("no app container"));
+    assert_ne!(second.id, first.id, "a new container was created");
+    let events = agent.events();
+    assert!(
+        events.contains(&(
+            "Unhealthy".to_owned(),
+            "Liveness probe failed: stuck".to_owned()
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&(
+            "Killing".to_owned(),
+            "Container app failed liveness probe, will be restarted".to_owned()
+        )),
+        "{events:?}"
+    );
+    let unhealthy = events.iter().position(|e| e.0 == "Unhealthy");
+    let killing = events.iter().position(|e| e.0 == "Killing");
+    assert!(unhealthy < killing, "Unhealthy comes first: {events:?}");
+}
+
+#[tokio::test]
+async fn a_startup_probe_gates_readiness_and_liveness() {
+    let agent = Agent::start(|fake| fake.set_exec_result("app", 1, "starting"));
+    write_atomically(
+        &agent.manifest(),
+        &manifest_with(
+            "    startupProbe:\n      exec:\n        command: [check]\n      periodSeconds: 1\n      \
+             failureThreshold: 1000\n    livenessProbe:\n      exec:\n        command: [check]\n      \
+             periodSeconds: 1\n      failureThreshold: 1\n",
+        ),
+    );
+    let app = agent.wait_running().await;
+    assert_eq!(
+        app.started,
+        Some(false),
+        "not started before the startup probe succeeds"
+    );
+    assert!(!app.ready);
+    // The same failing command would kill the container at once if liveness ran before startup.
+    wait_for("three failed startup probes", || {
+        let failures = agent
+            .events()
+            .iter()
+            .filter(|e| e.1 == "Startup probe failed: starting")
+            .count();
+        (failures >= 3).then_some(())
+    })
+    .await;
+    assert!(
+        !agent.events().iter().any(|e| e.1.starts_with("Liveness")),
+        "liveness waited for startup: {:?}",
+        agent.events()
+    );
+    assert_eq!(agent.fake.call_count("StopContainer"), 0);
+
+    agent.fake.set_exec_result("app", 0, "");
+    wait_for("the container started and ready", || {
+        agent
+            .running_app()
+            .filter(|c| c.started == Some(true) && c.ready)
+    })
+    .await;
 }

@@ -62,6 +62,7 @@ struct Setup {
     fake: FakeCri,
     manager: KubeGenericRuntimeManager,
     root: TempDir,
+    recorder: Recorder,
 }
 
 impl Setup {
@@ -76,18 +77,20 @@ impl Setup {
             .unwrap_or_else(|e| panic!("creating the test's root directory: {e}"));
         let cri = CriClient::new(&fake.endpoint(), timeout)
             .unwrap_or_else(|e| panic!("creating the CRI client: {e}"));
+        let recorder = Recorder::new(None);
         let manager = KubeGenericRuntimeManager::new(
             cri,
             Arc::new(Helper {
                 root: root.path().to_owned(),
             }),
-            Recorder::new(None),
+            recorder.clone(),
             settings,
         );
         Self {
             fake,
             manager,
             root,
+            recorder,
         }
     }
 
@@ -105,6 +108,15 @@ impl Setup {
 
     fn path(&self) -> &Path {
         self.root.path()
+    }
+
+    /// `(reason, message)` of the events recorded so far.
+    fn events(&self) -> Vec<(String, String)> {
+        self.recorder
+            .recent()
+            .into_iter()
+            .map(|e| (e.reason, e.message))
+            .collect()
     }
 
     /// The pod's runtime status as the PLEG would read it.
@@ -917,4 +929,154 @@ async fn failed_create_and_start_are_reported_and_retried() {
     setup.running("app");
     assert_eq!(setup.fake.sandboxes().len(), 1);
     assert_eq!(setup.fake.call_count("RunPodSandbox"), 1);
+}
+
+/// A one-container pod whose container `a` has `lifecycle` and the given grace period.
+fn hooked_pod(name: &str, grace: i64, lifecycle: &serde_json::Value) -> Pod {
+    pod(json!({
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("uid-{name}")},
+        "spec": {
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": grace,
+            "containers": [{"name": "a", "image": IMAGE, "lifecycle": lifecycle.clone()}],
+        },
+    }))
+}
+
+#[tokio::test]
+async fn a_post_start_hook_runs_after_the_start_and_its_failure_kills_the_container() {
+    let setup = Setup::new();
+    let hook = json!({"postStart": {"exec": {"command": ["sh", "-c", "touch /started"]}}});
+    setup.sync_ok(&hooked_pod("fine", 30, &hook)).await;
+    let calls = setup.fake.calls();
+    let started = calls.iter().position(|c| c == "StartContainer");
+    let hooked = calls.iter().position(|c| c == "ExecSync");
+    assert!(started.is_some() && started < hooked, "{calls:?}");
+    assert_eq!(
+        setup.running("a").state,
+        cri::ContainerState::ContainerRunning
+    );
+
+    setup.fake.set_exec_result("a", 1, "");
+    let failing = hooked_pod("failing", 30, &hook);
+    let result = setup.sync(&failing).await;
+    assert_eq!(failure_reasons(&result), ["PostStartHookError"]);
+    let (_, failure) = result.first_failure().expect("a failure");
+    assert_eq!(
+        failure.message,
+        "Exec lifecycle hook ([sh -c touch /started]) for Container \"a\" in Pod \
+         \"failing_ns(uid-failing)\" failed - error: command 'sh -c touch /started' exited with \
+         1: , message: \"\""
+    );
+    let killed = setup
+        .fake
+        .container_named("a")
+        .expect("the container is still listed");
+    assert_eq!(killed.state, cri::ContainerState::ContainerExited);
+    let events = setup.events();
+    assert!(
+        events.contains(&(
+            "FailedPostStartHook".to_owned(),
+            "PostStartHook failed".to_owned()
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("Killing".to_owned(), "FailedPostStartHook".to_owned())),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_pre_stop_hook_runs_before_the_stop_within_the_grace_period() {
+    let setup = Setup::new();
+    let exec_hook = json!({"preStop": {"exec": {"command": ["drain"]}}});
+    let pod = hooked_pod("draining", 30, &exec_hook);
+    setup.sync_ok(&pod).await;
+    setup.fake.clear_calls();
+    let running = setup.status(&pod).await.live_part();
+    setup
+        .manager
+        .kill_pod(Some(&pod), &running, None)
+        .await
+        .expect("killing the pod");
+    let calls = setup.fake.calls();
+    let hooked = calls.iter().position(|c| c == "ExecSync");
+    let stopped = calls.iter().position(|c| c == "StopContainer");
+    assert!(hooked.is_some() && hooked < stopped, "{calls:?}");
+    assert_eq!(setup.fake.stops(), [("a".to_owned(), 30)]);
+
+    // A hook that outlasts the grace period is cut off at its end; the stop still gets the
+    // minimum grace period.
+    let sleeper = hooked_pod(
+        "sleeper",
+        2,
+        &json!({"preStop": {"sleep": {"seconds": 600}}}),
+    );
+    setup.sync_ok(&sleeper).await;
+    let running = setup.status(&sleeper).await.live_part();
+    tokio::time::timeout(
+        Duration::from_mins(1),
+        setup.manager.kill_pod(Some(&sleeper), &running, None),
+    )
+    .await
+    .expect("the kill does not wait for the whole hook")
+    .expect("killing the pod");
+    assert_eq!(setup.fake.stops().last(), Some(&("a".to_owned(), 2)));
+
+    // A failing hook is reported and the container still stopped.
+    setup.fake.set_exec_result("a", 1, "");
+    let failing = hooked_pod(
+        "failing-hook",
+        30,
+        &json!({"preStop": {"exec": {"command": ["x"]}}}),
+    );
+    setup.sync_ok(&failing).await;
+    let running = setup.status(&failing).await.live_part();
+    setup
+        .manager
+        .kill_pod(Some(&failing), &running, None)
+        .await
+        .expect("killing the pod");
+    assert!(
+        setup.events().contains(&(
+            "FailedPreStopHook".to_owned(),
+            "PreStopHook failed".to_owned()
+        )),
+        "{:?}",
+        setup.events()
+    );
+    assert_eq!(setup.fake.stops().last(), Some(&("a".to_owned(), 30)));
+}
+
+#[tokio::test]
+async fn a_pre_stop_hook_is_restored_for_a_pod_that_is_gone() {
+    let setup = Setup::new();
+    let pod = hooked_pod(
+        "orphan",
+        30,
+        &json!({"preStop": {"exec": {"command": ["drain"]}}}),
+    );
+    setup.sync_ok(&pod).await;
+    setup.fake.clear_calls();
+    let running = setup.status(&pod).await.live_part();
+    setup
+        .manager
+        .kill_pod(None, &running, None)
+        .await
+        .expect("killing the pod without its spec");
+    let calls = setup.fake.calls();
+    let hooked = calls.iter().position(|c| c == "ExecSync");
+    let stopped = calls.iter().position(|c| c == "StopContainer");
+    assert!(hooked.is_some() && hooked < stopped, "{calls:?}");
+}
+
+#[tokio::test]
+async fn a_stop_signal_goes_into_the_container_config() {
+    let setup = Setup::new();
+    setup
+        .sync_ok(&hooked_pod("signal", 30, &json!({"stopSignal": "SIGUSR1"})))
+        .await;
+    let created = setup.running("a");
+    assert_eq!(created.config.stop_signal(), cri::Signal::Sigusr1);
 }

@@ -13,6 +13,7 @@ mod io_bench;
 mod lab;
 mod oci;
 mod pleg_bench;
+mod probe_bench;
 mod server_bench;
 mod test;
 
@@ -83,6 +84,8 @@ enum Bench {
     Io(io_bench::IoArgs),
     /// ringlet and the upstream kubelet as nodes of one control plane: API pods, idle cost, audit.
     Cluster(cluster_bench::ClusterArgs),
+    /// Probes at periodSeconds 1 on 100 pods: agent CPU and probe latency, ringlet vs the kubelet.
+    Probes(probe_bench::ProbesArgs),
 }
 
 fn main() -> Result<()> {
@@ -105,6 +108,7 @@ fn main() -> Result<()> {
             Bench::Server(args) => server_bench::server(&args),
             Bench::Io(args) => io_bench::io(&args),
             Bench::Cluster(args) => cluster_bench::cluster(&args),
+            Bench::Probes(args) => probe_bench::probes(&args),
         },
     }
 }

@@ -14,4 +14,4 @@ pub use runtime::{
     RunningPod, RunningSandbox, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
     SandboxState, SandboxStatus, SyncAction, SyncFailure, SyncResult,
 };
-pub use streaming::{ExecRequest, StreamOptions, StreamingRuntime};
+pub use streaming::{CommandRunner, ExecOutput, ExecRequest, StreamOptions, StreamingRuntime};

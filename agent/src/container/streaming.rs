@@ -1,6 +1,7 @@
 //! The runtime side of the kubelet's debugging endpoints (the kubelet's `kubecontainer.StreamingRuntime`
 //! and `CommandRunner` from `pkg/kubelet/container`): interactive sessions are served by the runtime's
 //! own streaming server, so the agent only asks for a session URL and proxies the client to it.
+//! [`CommandRunner`] runs a command to completion, for exec probes and lifecycle hooks.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -70,4 +71,28 @@ pub trait StreamingRuntime: Send + Sync + 'static {
 
     /// Whether the container is still running: a followed log ends once it is not.
     async fn container_running(&self, container: &ContainerId) -> Result<bool, RuntimeError>;
+}
+
+/// What a command run to completion in a container left behind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs commands in containers to completion (the kubelet's `CommandRunner` as the prober and the
+/// lifecycle handlers use it).
+#[async_trait]
+pub trait CommandRunner: Send + Sync + 'static {
+    /// Runs `cmd` in the container (CRI `ExecSync`) and returns its exit code and output, whatever
+    /// the exit code. A command still running after `timeout` is killed by the runtime and reported
+    /// as [`RuntimeError::Timeout`]; a zero `timeout` sets no limit of its own (the runtime request
+    /// timeout still bounds the call).
+    async fn exec_sync(
+        &self,
+        container: &ContainerId,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, RuntimeError>;
 }

@@ -1,7 +1,7 @@
 //! The agent's wiring and its sync loop (the kubelet's `pkg/kubelet/kubelet.go`: `Run`, `syncLoop`,
 //! `syncLoopIteration` and the `SyncHandler` methods). The loop multiplexes pod-config updates, PLEG
-//! events, a 1 s sync tick and a 2 s housekeeping tick, and is gated on runtime health; all pod work is
-//! handed to the pod workers. With an API server, the node status and lease, the status syncer and
+//! events, probe verdicts, a 1 s sync tick and a 2 s housekeeping tick, and is gated on runtime
+//! health; all pod work is handed to the pod workers, all probing to the probe workers. With an API server, the node status and lease, the status syncer and
 //! the mirror pods run as tasks of their own, so the API server never holds up the loop.
 
 mod housekeeping;
@@ -28,7 +28,7 @@ use crate::pod::{MirrorPods, is_mirror_pod};
 use crate::volumes::VolumeManager;
 
 use crate::cm::PodContainerManager;
-use crate::container::{PodCache, Runtime};
+use crate::container::{CommandRunner, PodCache, Runtime};
 use crate::event_stream::EventBroadcaster;
 use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
@@ -40,6 +40,10 @@ use crate::pod_workers::{
     PodWorkers, SYNC_BACKOFF_PERIOD, UpdatePodOptions, UpdateType, WorkQueue,
 };
 use crate::podconfig::{PodOperation, PodUpdate, SourcesReady};
+use crate::prober::{
+    ProbeHandle, ProbeManager, ProbeManagerDeps, ProbeResult, ProbeResults, ProbeType,
+    ResultUpdate, ResultUpdates,
+};
 use crate::status::{ReasonCache, StatusManager, StatusSyncer};
 
 pub use crate::pod::{PodManager, pod_uid};
@@ -73,6 +77,16 @@ pub struct KubeletSettings {
     pub pleg_relist_period: Option<Duration>,
 }
 
+/// What the probes work with.
+pub struct ProbeDeps {
+    /// The verdict caches, shared with the runtime helper (which restarts condemned containers).
+    pub results: ProbeResults,
+    /// The caches' update channel.
+    pub updates: ResultUpdates,
+    /// Runs exec probes in containers.
+    pub runner: Arc<dyn CommandRunner>,
+}
+
 /// What the kubelet core works with besides its settings.
 pub struct KubeletDeps {
     pub runtime: Arc<dyn Runtime>,
@@ -93,6 +107,7 @@ pub struct KubeletDeps {
     pub objects: Option<ApiObjects>,
     /// Where the current Node is published (the runtime helper reads its allocatable).
     pub node: watch::Sender<Option<Node>>,
+    pub probes: ProbeDeps,
 }
 
 /// The assembled agent core.
@@ -120,10 +135,14 @@ pub struct Kubelet {
     node_status: Option<NodeStatusManager>,
     /// Wakes the mirror-pod task when the pod sources changed.
     mirrors_changed: Arc<Notify>,
+    probes: ProbeManager,
+    probe_handle: ProbeHandle,
 }
 
 impl Kubelet {
     /// Assembles the agent core.
+    // One assembly of every part, in dependency order; splitting it would scatter the wiring.
+    #[allow(clippy::too_many_lines)]
     pub fn new(settings: KubeletSettings, deps: KubeletDeps) -> Self {
         let KubeletDeps {
             runtime,
@@ -135,6 +154,7 @@ impl Kubelet {
             api,
             objects,
             node: published_node,
+            probes,
         } = deps;
         let cache = Arc::new(pleg_hints.as_ref().map_or_else(PodCache::new, |channel| {
             PodCache::with_refresher(channel.refresher())
@@ -159,6 +179,17 @@ impl Kubelet {
             objects.clone(),
             published_node.subscribe(),
         );
+        let probe_manager = ProbeManager::new(
+            ProbeManagerDeps {
+                runner: probes.runner,
+                recorder: recorder.clone(),
+                status: status.clone(),
+                metrics: metrics.clone(),
+                results: probes.results,
+            },
+            probes.updates,
+        );
+        let probe_handle = probe_manager.handle();
         let syncer = Arc::new(KubeletSyncer {
             runtime: Arc::clone(&runtime),
             status: status.clone(),
@@ -171,6 +202,7 @@ impl Kubelet {
             objects,
             metrics: metrics.clone(),
             latency: latency.clone(),
+            probes: probe_handle.clone(),
         });
         let queue = Arc::new(WorkQueue::default());
         let workers = PodWorkers::new(
@@ -218,6 +250,8 @@ impl Kubelet {
             node,
             node_status: Some(node_status),
             mirrors_changed: Arc::new(Notify::new()),
+            probes: probe_manager,
+            probe_handle,
         }
     }
 
@@ -290,6 +324,7 @@ impl Kubelet {
                     self.handle_update(update);
                 }
                 Some(event) = self.pleg_events.recv() => self.handle_pleg_event(&event),
+                Some(update) = self.probes.next_update() => self.handle_probe_update(&update),
                 _ = sync_tick.tick() => {
                     for uid in self.queue.take_due() {
                         if let Some(pod) = self.pods.get(&uid) {
@@ -299,6 +334,7 @@ impl Kubelet {
                 }
                 _ = housekeeping_tick.tick() => {
                     if sources_ready.all_ready() {
+                        self.probe_handle.cleanup_pods(&self.pods.uids());
                         self.housekeeping
                             .run(&self.pods, &self.workers, &self.status, &self.latency)
                             .await;
@@ -380,6 +416,7 @@ impl Kubelet {
                     if let Some(rejection) = self.admission_failure(&pod) {
                         self.reject(&pod, &rejection);
                     } else {
+                        self.probe_handle.add_pod(&pod);
                         self.dispatch(pod, UpdateType::Create);
                     }
                 }
@@ -390,6 +427,7 @@ impl Kubelet {
                 PodOperation::Reconcile => self.pods.upsert(pod),
                 PodOperation::Remove => {
                     self.pods.remove(&uid);
+                    self.probe_handle.remove_pod(&uid);
                     self.workers.update_pod(UpdatePodOptions {
                         pod,
                         update_type: UpdateType::Kill,
@@ -452,6 +490,29 @@ impl Kubelet {
                 ..ApiPodStatus::default()
             },
         );
+    }
+
+    /// A probe verdict changed (the kubelet's liveness, readiness and startup arms of
+    /// `syncLoopIteration`): readiness and startup show in the stored status at once, and the pod
+    /// is synced (a failed liveness verdict only: that sync restarts the container).
+    fn handle_probe_update(&self, update: &ResultUpdate) {
+        let Some(pod) = self.pods.get(&update.pod) else {
+            return;
+        };
+        let success = update.result == ProbeResult::Success;
+        match update.probe_type {
+            ProbeType::Liveness if update.result != ProbeResult::Failure => return,
+            ProbeType::Liveness => {}
+            ProbeType::Readiness => {
+                self.status
+                    .set_container_readiness(&pod, &update.container, success);
+            }
+            ProbeType::Startup => {
+                self.status
+                    .set_container_startup(&pod, &update.container, success);
+            }
+        }
+        self.dispatch(pod, UpdateType::Sync);
     }
 
     fn handle_pleg_event(&mut self, event: &PodLifecycleEvent) {

@@ -14,15 +14,18 @@ use tokio::sync::watch;
 
 use crate::cm::{PodContainerManager, qos_class};
 use crate::container::{
-    ContainerState, PodCache, PodStatus, PodUid, Runtime, SandboxId, SandboxState, StreamingRuntime,
+    ContainerId, ContainerState, PodCache, PodStatus, PodUid, Runtime, SandboxId, SandboxState,
+    StreamingRuntime,
 };
 use crate::io::IoEngine;
 use crate::kuberuntime::RuntimeHelper;
+use crate::kuberuntime::changes::ProbeKill;
 use crate::kuberuntime::container::EnvSources;
 use crate::metrics::Metrics;
 use crate::objects::ApiObjects;
 use crate::pleg::PlegHandle;
 use crate::podconfig::is_static_pod;
+use crate::prober::{ProbeResult, ProbeResults, ProbeType};
 use crate::server::{FoundContainer, HealthCheck, HostError, PodRef, ServerHost};
 use crate::stats::{PodStatsInput, StatsProvider, Summary};
 use crate::status::StatusManager;
@@ -268,6 +271,8 @@ pub struct NodeHelper {
     pub pod_cgroups: Arc<PodContainerManager>,
     /// What containers' environments read from the API server; `None` standalone.
     pub objects: Option<ApiObjects>,
+    /// The probes' verdicts: a failed liveness or startup verdict restarts the container.
+    pub probe_results: ProbeResults,
 }
 
 #[async_trait]
@@ -326,5 +331,18 @@ impl RuntimeHelper for NodeHelper {
             secrets,
             service_env: objects.services.env_for(namespace, enable_service_links),
         })
+    }
+
+    fn restart_reason(&self, container: &ContainerId) -> Option<ProbeKill> {
+        let failed = |probe_type| {
+            self.probe_results.get(probe_type, container) == Some(ProbeResult::Failure)
+        };
+        if failed(ProbeType::Liveness) {
+            Some(ProbeKill::Liveness)
+        } else if failed(ProbeType::Startup) {
+            Some(ProbeKill::Startup)
+        } else {
+            None
+        }
     }
 }

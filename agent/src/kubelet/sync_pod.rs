@@ -19,7 +19,8 @@ use crate::objects::ApiObjects;
 use crate::pleg::LatencyTracker;
 use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
 use crate::podconfig::CONFIG_SEEN_ANNOTATION;
-use crate::status::{ReasonCache, StatusManager, generate_api_pod_status};
+use crate::prober::ProbeHandle;
+use crate::status::{ReasonCache, StatusInputs, StatusManager, generate_api_pod_status};
 use crate::volumes::VolumeManager;
 
 use super::runtime_state::RuntimeState;
@@ -39,6 +40,9 @@ pub struct KubeletSyncer {
     pub metrics: Metrics,
     /// Observes kernel → status latency when a status changes after a hint-driven PLEG event.
     pub latency: LatencyTracker,
+    /// Containers' readiness and startup; the pod's liveness and startup probes stop when it
+    /// terminates, all of them once it is terminated.
+    pub probes: ProbeHandle,
 }
 
 fn pod_object(pod: &Pod) -> String {
@@ -105,10 +109,13 @@ impl KubeletSyncer {
         let api_status = generate_api_pod_status(
             pod,
             runtime_status,
-            &self.reasons,
-            previous.as_ref(),
-            &self.host_ip,
-            pod_is_terminal,
+            &StatusInputs {
+                reasons: &self.reasons,
+                previous: previous.as_ref(),
+                host_ip: &self.host_ip,
+                pod_is_terminal,
+                probes: &self.probes,
+            },
         );
         let phase = api_status.phase.clone();
         if self.status.set_pod_status(pod, api_status) {
@@ -227,6 +234,8 @@ impl PodSyncer for KubeletSyncer {
         status: &PodStatus,
         grace_period_override: Option<i64>,
     ) -> Result<(), SyncError> {
+        // A stopping pod is not restarted for a failing probe; readiness keeps reporting.
+        self.probes.stop_liveness_and_startup(&uid_of(pod));
         let running = status.live_part();
         if !running.containers.is_empty() || !running.sandboxes.is_empty() {
             tracing::info!(pod = %pod_object(pod), "stopping pod");
@@ -254,6 +263,7 @@ impl PodSyncer for KubeletSyncer {
         pod_removed: bool,
     ) -> Result<(), SyncError> {
         let uid = uid_of(pod);
+        self.probes.remove_pod(&uid);
         if !pod_removed {
             self.update_status(pod, status, true);
         }

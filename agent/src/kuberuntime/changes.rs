@@ -32,12 +32,33 @@ impl RestartPolicy {
     }
 }
 
+/// Which probe condemned a running container whose spec is unchanged (the kubelet's
+/// `containerKillReason` for probes): its verdict is a failure, so the container is killed (with
+/// the probe's own `terminationGracePeriodSeconds`, if set) and restarted per the restart policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeKill {
+    Liveness,
+    Startup,
+}
+
+impl ProbeKill {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Liveness => "failed liveness probe",
+            Self::Startup => "failed startup probe",
+        }
+    }
+}
+
 /// A running container the sync must stop, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerToKill {
     pub id: ContainerId,
     pub name: String,
+    /// The `Killing` event's message.
     pub message: String,
+    /// Set when a probe's verdict is the reason.
+    pub probe: Option<ProbeKill>,
 }
 
 /// An init container that failed under restartPolicy Never: the pod has failed.
@@ -198,7 +219,7 @@ fn plan_app_containers(
     pod: &Pod,
     status: &PodStatus,
     policy: RestartPolicy,
-    unhealthy: &dyn Fn(&ContainerId) -> Option<String>,
+    unhealthy: &dyn Fn(&ContainerId) -> Option<ProbeKill>,
     actions: &mut PodActions,
 ) -> usize {
     let mut keep = 0;
@@ -214,17 +235,21 @@ fn plan_app_containers(
                             "Container {} definition changed, will be restarted",
                             c.name
                         ),
+                        probe: None,
                     });
                     actions.containers_to_start.push(i);
-                } else if let Some(why) = unhealthy(&s.id) {
+                } else if let Some(kill) = unhealthy(&s.id) {
+                    let mut message = format!("Container {} {}", c.name, kill.describe());
+                    if policy.restarts_on_failure() {
+                        message.push_str(", will be restarted");
+                        actions.containers_to_start.push(i);
+                    }
                     actions.containers_to_kill.push(ContainerToKill {
                         id: s.id.clone(),
                         name: c.name.clone(),
-                        message: format!("Container {} {why}, will be restarted", c.name),
+                        message,
+                        probe: Some(kill),
                     });
-                    if policy.restarts_on_failure() {
-                        actions.containers_to_start.push(i);
-                    }
                 } else {
                     keep += 1;
                 }
@@ -240,13 +265,12 @@ fn plan_app_containers(
     keep
 }
 
-/// Decides what the sync must do to move the runtime towards the pod spec. `unhealthy` says why a
-/// running container must be restarted although its spec is unchanged (a failed liveness or startup
-/// probe), or `None`.
+/// Decides what the sync must do to move the runtime towards the pod spec. `unhealthy` names the
+/// probe whose failure condemns a running container although its spec is unchanged, or `None`.
 pub fn compute_pod_actions(
     pod: &Pod,
     status: &PodStatus,
-    unhealthy: &dyn Fn(&ContainerId) -> Option<String>,
+    unhealthy: &dyn Fn(&ContainerId) -> Option<ProbeKill>,
 ) -> PodActions {
     let policy = RestartPolicy::of(pod);
     let (create_sandbox, attempt, sandbox_id) = sandbox_changed(pod, status);
@@ -298,6 +322,7 @@ pub fn compute_pod_actions(
                 id: s.id.clone(),
                 name: s.name.clone(),
                 message: format!("Container {} is not in the pod spec", s.name),
+                probe: None,
             });
         }
     }
@@ -314,7 +339,7 @@ mod tests {
     use crate::container::{PodUid, SandboxStatus};
     use k8s_openapi::api::core::v1::PodSpec;
 
-    fn healthy(_: &ContainerId) -> Option<String> {
+    fn healthy(_: &ContainerId) -> Option<ProbeKill> {
         None
     }
 
@@ -555,7 +580,7 @@ mod tests {
 
     #[test]
     fn a_failed_liveness_probe_restarts_the_container_unless_never() {
-        let unhealthy = |_: &ContainerId| Some("failed liveness probe".to_owned());
+        let unhealthy = |_: &ContainerId| Some(ProbeKill::Liveness);
         let s = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
         let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &unhealthy);
         assert_eq!(a.containers_to_kill.len(), 1);
@@ -563,9 +588,21 @@ mod tests {
             a.containers_to_kill[0].message,
             "Container a failed liveness probe, will be restarted"
         );
+        assert_eq!(a.containers_to_kill[0].probe, Some(ProbeKill::Liveness));
         assert_eq!(a.containers_to_start, [0]);
         let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &unhealthy);
         assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Container a failed liveness probe"
+        );
         assert!(a.containers_to_start.is_empty());
+        let startup = |_: &ContainerId| Some(ProbeKill::Startup);
+        let a = compute_pod_actions(&pod("OnFailure", &[], &["a"]), &s, &startup);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Container a failed startup probe, will be restarted"
+        );
+        assert_eq!(a.containers_to_start, [0]);
     }
 }

@@ -188,6 +188,11 @@ impl CriClient {
         &self.endpoint
     }
 
+    /// The deadline of an ordinary call (`--runtime-request-timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub async fn version(&self) -> Result<cri::VersionResponse, CriError> {
         let request = cri::VersionRequest {
             version: CRI_VERSION.to_owned(),

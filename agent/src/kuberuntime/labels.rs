@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, LifecycleHandler, Pod};
 use sha2::{Digest, Sha256};
 
 use crate::container::PodUid;
@@ -25,6 +25,11 @@ pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 pub const TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
 pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
 pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
+/// The container's `preStop` handler (JSON), so a container whose pod spec is gone (deleted while
+/// the agent was down) still gets its hook when it is stopped.
+pub const PRE_STOP_HANDLER: &str = "io.kubernetes.container.preStopHandler";
+/// The container's ports (JSON), for a restored `preStop` `httpGet` that names its port.
+pub const CONTAINER_PORTS: &str = "io.kubernetes.container.ports";
 
 /// Length of the hex container hash: 64 bits is plenty to detect a spec change.
 const HASH_LEN: usize = 16;
@@ -117,7 +122,34 @@ pub fn container_annotations(
     {
         annotations.insert(TERMINATION_GRACE_PERIOD.to_owned(), grace.to_string());
     }
+    let pre_stop = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref());
+    if let Some(json) = pre_stop.and_then(|h| serde_json::to_string(h).ok()) {
+        annotations.insert(PRE_STOP_HANDLER.to_owned(), json);
+    }
+    if let Some(json) = container
+        .ports
+        .as_ref()
+        .filter(|p| !p.is_empty())
+        .and_then(|p| serde_json::to_string(p).ok())
+    {
+        annotations.insert(CONTAINER_PORTS.to_owned(), json);
+    }
     annotations
+}
+
+/// The `preStop` handler and ports a container was created with, if it had a handler.
+pub fn pre_stop_handler<S: BuildHasher>(
+    annotations: &HashMap<String, String, S>,
+) -> Option<(LifecycleHandler, Vec<ContainerPort>)> {
+    let handler = serde_json::from_str(annotations.get(PRE_STOP_HANDLER)?).ok()?;
+    let ports = annotations
+        .get(CONTAINER_PORTS)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+    Some((handler, ports))
 }
 
 /// A stable hash of the container spec. Equal specs hash equally across agent restarts (the JSON
@@ -241,5 +273,36 @@ mod tests {
             container_hash(&container("busybox"))
         );
         assert_eq!(restart_count(&HashMap::new()), 0);
+        assert_eq!(pre_stop_handler(&annotations), None);
+    }
+
+    #[test]
+    fn a_pre_stop_handler_and_ports_round_trip() {
+        use k8s_openapi::api::core::v1::{HTTPGetAction, Lifecycle};
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+        let handler = LifecycleHandler {
+            http_get: Some(HTTPGetAction {
+                path: Some("/drain".into()),
+                port: IntOrString::String("http".into()),
+                ..HTTPGetAction::default()
+            }),
+            ..LifecycleHandler::default()
+        };
+        let ports = vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: 8080,
+            ..ContainerPort::default()
+        }];
+        let c = Container {
+            lifecycle: Some(Lifecycle {
+                pre_stop: Some(handler.clone()),
+                ..Lifecycle::default()
+            }),
+            ports: Some(ports.clone()),
+            ..container("busybox")
+        };
+        let annotations = container_annotations(&pod(), &c, 0);
+        assert_eq!(pre_stop_handler(&annotations), Some((handler, ports)));
     }
 }

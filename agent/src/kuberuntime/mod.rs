@@ -73,9 +73,9 @@ pub trait RuntimeHelper: Send + Sync {
         Ok(EnvSources::default())
     }
 
-    /// Why a running container must be restarted although its spec is unchanged, e.g.
-    /// `failed liveness probe` (the prober's verdict); `None` keeps it running.
-    fn restart_reason(&self, _container: &ContainerId) -> Option<String> {
+    /// The probe whose failed verdict condemns a running container although its spec is
+    /// unchanged (liveness, or startup); `None` keeps it running.
+    fn restart_reason(&self, _container: &ContainerId) -> Option<changes::ProbeKill> {
         None
     }
 }

@@ -1,6 +1,7 @@
 //! `StreamingRuntime` over the CRI (the kubelet's `kuberuntime_container.go` `GetExec` / `GetAttach` /
 //! `GetPortForward` / `RunInContainer` and the log-path lookup of `kuberuntime_logs.go`): each session
-//! call only asks the runtime for a URL on its streaming server.
+//! call only asks the runtime for a URL on its streaming server. Also the `CommandRunner` exec probes
+//! and lifecycle hooks run their commands with (`ExecSync`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,8 +11,29 @@ use ringlet_proto::runtime::v1 as cri;
 
 use super::KubeGenericRuntimeManager;
 use crate::container::{
-    ContainerId, ExecRequest, RuntimeError, SandboxId, StreamOptions, StreamingRuntime,
+    CommandRunner, ContainerId, ExecOutput, ExecRequest, RuntimeError, SandboxId, StreamOptions,
+    StreamingRuntime,
 };
+
+#[async_trait]
+impl CommandRunner for KubeGenericRuntimeManager {
+    async fn exec_sync(
+        &self,
+        container: &ContainerId,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, RuntimeError> {
+        let response = self
+            .cri()
+            .exec_sync(container.as_str(), cmd, timeout)
+            .await?;
+        Ok(ExecOutput {
+            exit_code: response.exit_code,
+            stdout: response.stdout,
+            stderr: response.stderr,
+        })
+    }
+}
 
 #[async_trait]
 impl StreamingRuntime for KubeGenericRuntimeManager {

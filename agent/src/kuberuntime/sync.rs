@@ -1,6 +1,9 @@
 //! One pod sync and pod kills (the kubelet's `SyncPod`, `startContainer`, `killContainer`,
 //! `killPodWithSyncResult` and the image puller): carries out the actions `changes` decided, in the
 //! kubelet's order, applying crash-loop and image-pull back-off and recording every step's outcome.
+//! A started container's `postStart` hook runs before the sync moves on (a failure kills the
+//! container); a stopped container's `preStop` hook runs before the stop signal, within the grace
+//! period, and what it took is taken off the grace period.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,7 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use ringlet_proto::runtime::v1 as cri;
 use tokio::time::Instant;
 
-use super::changes::{PodActions, compute_pod_actions};
+use super::changes::{PodActions, ProbeKill, compute_pod_actions};
 use super::container::{
     ContainerParams, EnvContext, container_config, make_env, termination_message_file,
 };
@@ -22,6 +25,7 @@ use crate::container::{
     SyncFailure, SyncResult,
 };
 use crate::events::{EventObject, EventType};
+use crate::lifecycle::{HookTarget, run_handler};
 use crate::volumes::PodVolumes;
 
 /// Grace period when neither the pod nor the caller gives one.
@@ -90,16 +94,74 @@ fn app_containers(pod: &Pod) -> &[Container] {
     pod.spec.as_ref().map_or(&[], |s| s.containers.as_slice())
 }
 
-/// The grace period to stop a container with.
-fn grace_period(pod: Option<&Pod>, annotated: Option<i64>, override_: Option<i64>) -> i64 {
+/// The grace period to stop a container with: an override as given; otherwise the probe's own
+/// `terminationGracePeriodSeconds` when a probe condemned the container (`probe_grace`), the pod's,
+/// the one the container was created with, or the default, at least [`MIN_GRACE_SECONDS`].
+fn grace_period(
+    pod: Option<&Pod>,
+    annotated: Option<i64>,
+    override_: Option<i64>,
+    probe_grace: Option<i64>,
+) -> i64 {
     if let Some(grace) = override_ {
         return grace.max(0);
     }
-    pod.and_then(|p| p.spec.as_ref())
-        .and_then(|s| s.termination_grace_period_seconds)
+    probe_grace
+        .or_else(|| {
+            pod.and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
         .or(annotated)
         .unwrap_or(DEFAULT_GRACE_SECONDS)
         .max(MIN_GRACE_SECONDS)
+}
+
+/// The spec of the container `name` of `pod` (app or init).
+fn container_spec<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    app_containers(pod)
+        .iter()
+        .chain(init_containers(pod))
+        .find(|c| c.name == name)
+}
+
+/// The probe-level `terminationGracePeriodSeconds` of the probe that condemned the container.
+fn probe_grace(container: Option<&Container>, probe: Option<ProbeKill>) -> Option<i64> {
+    let container = container?;
+    let spec = match probe? {
+        ProbeKill::Liveness => container.liveness_probe.as_ref(),
+        ProbeKill::Startup => container.startup_probe.as_ref(),
+    };
+    spec?.termination_grace_period_seconds
+}
+
+/// The CRI stop signal for `lifecycle.stopSignal` (`SIGRTMIN+1` is `SIGRTMINPLUS1` in the CRI).
+pub(super) fn stop_signal(container: &Container) -> cri::Signal {
+    let Some(name) = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.stop_signal.as_deref())
+    else {
+        return cri::Signal::RuntimeDefault;
+    };
+    let cri_name = name.replace('+', "PLUS").replace('-', "MINUS");
+    cri::Signal::from_str_name(&cri_name).unwrap_or(cri::Signal::RuntimeDefault)
+}
+
+/// A container to stop and why.
+struct KillRequest<'a> {
+    /// The pod's spec; `None` when it is gone (the container's annotations stand in for it).
+    pod: Option<&'a Pod>,
+    id: &'a ContainerId,
+    name: &'a str,
+    /// The `Killing` event's message; empty for `Stopping container <name>`.
+    message: &'a str,
+    /// The probe that condemned the container, if one did.
+    probe: Option<ProbeKill>,
+    /// The grace period the container was created with, for a pod that is gone.
+    annotated_grace: Option<i64>,
+    grace_override: Option<i64>,
+    /// The pod's IPs, when the caller knows them (for an `httpGet` preStop hook).
+    pod_ips: Option<&'a [String]>,
 }
 
 /// What a container start needs that is shared by every container of the sync.
@@ -165,7 +227,16 @@ impl KubeGenericRuntimeManager {
         } else {
             for kill in &actions.containers_to_kill {
                 let outcome = self
-                    .kill_container(Some(pod), &kill.id, &kill.name, &kill.message, None, None)
+                    .kill_container(KillRequest {
+                        pod: Some(pod),
+                        id: &kill.id,
+                        name: &kill.name,
+                        message: &kill.message,
+                        probe: kill.probe,
+                        annotated_grace: None,
+                        grace_override: None,
+                        pod_ips: Some(&status.ips),
+                    })
                     .await;
                 let failed = outcome.is_err();
                 result.results.push(step(
@@ -448,7 +519,78 @@ impl KubeGenericRuntimeManager {
             "Started",
             format!("Started container {}", container.name),
         );
+        let post_start = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.post_start.as_ref());
+        if let Some(handler) = post_start {
+            return self
+                .post_start(ctx, container, &ContainerId::from(id), handler)
+                .await;
+        }
         None
+    }
+
+    /// Runs the `postStart` hook of a container just started; on failure kills the container
+    /// (the kubelet's `FailedPostStartHook`, `PostStartHookError`). The hook is bounded by the
+    /// runtime request timeout, so a hook that never ends cannot hold the pod's worker forever.
+    async fn post_start(
+        &self,
+        ctx: &StartContext<'_>,
+        container: &Container,
+        id: &ContainerId,
+        handler: &k8s_openapi::api::core::v1::LifecycleHandler,
+    ) -> Option<SyncFailure> {
+        let pod = ctx.pod;
+        let target = HookTarget {
+            pod,
+            container,
+            id,
+            pod_ip: ctx.pod_ips.first().map(String::as_str),
+        };
+        let limit = self.cri.timeout();
+        let outcome = if handler.sleep.is_some() {
+            run_handler(self, target, handler).await
+        } else {
+            tokio::time::timeout(limit, run_handler(self, target, handler))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(crate::lifecycle::HookError(format!(
+                        "postStart hook of container {:?} did not finish within {}",
+                        container.name,
+                        go_duration(limit)
+                    )))
+                })
+        };
+        let Err(err) = outcome else {
+            return None;
+        };
+        tracing::warn!(pod = pod_name(pod), container = %container.name, error = %err,
+            "postStart hook failed");
+        // As the kubelet: the event does not carry the hook's output, which may hold secrets.
+        self.event(
+            EventObject::container(pod, &container.name),
+            EventType::Warning,
+            "FailedPostStartHook",
+            "PostStartHook failed".to_owned(),
+        );
+        let killed = self
+            .kill_container(KillRequest {
+                pod: Some(pod),
+                id,
+                name: &container.name,
+                message: "FailedPostStartHook",
+                probe: None,
+                annotated_grace: None,
+                grace_override: None,
+                pod_ips: Some(ctx.pod_ips),
+            })
+            .await;
+        if let Err(kill) = killed {
+            tracing::warn!(pod = pod_name(pod), container = %container.name, error = %kill,
+                "killing the container after its postStart hook failed");
+        }
+        Some(failure("PostStartHookError", err.0))
     }
 
     /// Directories, mounts and the CRI config of one container instance; errors are messages for
@@ -528,6 +670,10 @@ impl KubeGenericRuntimeManager {
                 memory_capacity_bytes: self.settings.memory_capacity_bytes,
             },
         )
+        .map(|mut config| {
+            config.stop_signal = stop_signal(container).into();
+            config
+        })
         .map_err(|e| e.to_string())
     }
 
@@ -671,34 +817,138 @@ impl KubeGenericRuntimeManager {
         }
     }
 
-    /// `StopContainer` with the right grace period; a container already gone counts as stopped.
-    async fn kill_container(
-        &self,
-        pod: Option<&Pod>,
-        id: &ContainerId,
-        name: &str,
-        message: &str,
-        annotated_grace: Option<i64>,
-        grace_override: Option<i64>,
-    ) -> Result<(), CriError> {
-        let grace = grace_period(pod, annotated_grace, grace_override);
+    /// The `Killing` event, the `preStop` hook within the grace period, then `StopContainer` with
+    /// what is left of the grace period; a container already gone counts as stopped.
+    async fn kill_container(&self, kill: KillRequest<'_>) -> Result<(), CriError> {
+        let pod = kill.pod;
+        let spec = if let Some(pod) = pod {
+            container_spec(pod, kill.name).cloned()
+        } else {
+            self.restore_pre_stop(kill.id, kill.name).await
+        };
+        let mut grace = grace_period(
+            pod,
+            kill.annotated_grace,
+            kill.grace_override,
+            probe_grace(spec.as_ref(), kill.probe),
+        );
         if let Some(pod) = pod {
-            let mut text = format!("Stopping container {name}");
-            if !message.is_empty() {
-                text.push_str(": ");
-                text.push_str(message);
-            }
+            let text = if kill.message.is_empty() {
+                format!("Stopping container {}", kill.name)
+            } else {
+                kill.message.to_owned()
+            };
             self.event(
-                EventObject::container(pod, name),
+                EventObject::container(pod, kill.name),
                 EventType::Normal,
                 "Killing",
                 text,
             );
         }
-        match self.cri.stop_container(id.as_str(), grace).await {
+        let pre_stop = spec
+            .as_ref()
+            .and_then(|c| c.lifecycle.as_ref())
+            .and_then(|l| l.pre_stop.as_ref());
+        if let (Some(handler), Some(container)) = (pre_stop, spec.as_ref())
+            && grace > 0
+        {
+            let spent = self.pre_stop(&kill, pod, container, handler, grace).await;
+            grace -= spent;
+            grace = if kill.grace_override.is_some() {
+                grace.max(0)
+            } else {
+                grace.max(MIN_GRACE_SECONDS)
+            };
+        }
+        match self.cri.stop_container(kill.id.as_str(), grace).await {
             Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// Runs a `preStop` hook for at most `grace` seconds (the kubelet's `executePreStopHook`);
+    /// returns the whole seconds it took.
+    async fn pre_stop(
+        &self,
+        kill: &KillRequest<'_>,
+        pod: Option<&Pod>,
+        container: &Container,
+        handler: &k8s_openapi::api::core::v1::LifecycleHandler,
+        grace: i64,
+    ) -> i64 {
+        let began = Instant::now();
+        let placeholder = Pod::default();
+        let hook_pod = pod.unwrap_or(&placeholder);
+        let needs_ip = handler
+            .http_get
+            .as_ref()
+            .is_some_and(|h| h.host.as_deref().is_none_or(str::is_empty));
+        let known_ip = kill.pod_ips.and_then(|ips| ips.first()).cloned();
+        let pod_ip = if !needs_ip {
+            None
+        } else if pod.is_some_and(host_network) {
+            self.helper.host_ip()
+        } else if known_ip.is_some() {
+            known_ip
+        } else {
+            self.hook_pod_ip(pod).await
+        };
+        let target = HookTarget {
+            pod: hook_pod,
+            container,
+            id: kill.id,
+            pod_ip: pod_ip.as_deref(),
+        };
+        let limit = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+        match tokio::time::timeout(limit, run_handler(self, target, handler)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(container = kill.name, id = %kill.id, error = %err, "preStop hook failed");
+                if let Some(pod) = pod {
+                    // As the kubelet: the event does not carry the hook's output.
+                    self.event(
+                        EventObject::container(pod, kill.name),
+                        EventType::Warning,
+                        "FailedPreStopHook",
+                        "PreStopHook failed".to_owned(),
+                    );
+                }
+            }
+            Err(_) => {
+                tracing::info!(container = kill.name, id = %kill.id, grace,
+                    "preStop hook did not complete within the grace period");
+            }
+        }
+        i64::try_from(began.elapsed().as_secs()).unwrap_or(i64::MAX)
+    }
+
+    /// The pod IP an `httpGet` preStop hook goes to when the caller did not know it.
+    async fn hook_pod_ip(&self, pod: Option<&Pod>) -> Option<String> {
+        let pod = pod?;
+        let status = self
+            .pod_status(
+                &pod_uid(pod),
+                pod_name(pod),
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+            )
+            .await
+            .ok()?;
+        status.ips.first().cloned()
+    }
+
+    /// Without the pod spec, the container's `preStop` hook and ports from its annotations.
+    async fn restore_pre_stop(&self, id: &ContainerId, name: &str) -> Option<Container> {
+        let status = self.cri.container_status(id.as_str()).await.ok()?;
+        let (handler, ports) = labels::pre_stop_handler(&status.annotations)?;
+        Some(Container {
+            name: name.to_owned(),
+            ports: (!ports.is_empty()).then_some(ports),
+            lifecycle: Some(k8s_openapi::api::core::v1::Lifecycle {
+                pre_stop: Some(handler),
+                ..k8s_openapi::api::core::v1::Lifecycle::default()
+            }),
+            ..Container::default()
+        })
     }
 
     /// Stops every live container (in parallel) and then every sandbox of the pod, recording each.
@@ -715,7 +965,16 @@ impl KubeGenericRuntimeManager {
             .filter(|c| c.state != ContainerState::Exited);
         let kills = live.map(|c| async move {
             let outcome = self
-                .kill_container(pod, &c.id, &c.name, "", None, grace_override)
+                .kill_container(KillRequest {
+                    pod,
+                    id: &c.id,
+                    name: &c.name,
+                    message: "",
+                    probe: None,
+                    annotated_grace: None,
+                    grace_override,
+                    pod_ips: None,
+                })
                 .await;
             step(
                 SyncAction::KillContainer,
@@ -804,10 +1063,58 @@ mod tests {
             }),
             ..Pod::default()
         };
-        assert_eq!(grace_period(Some(&pod), Some(50), Some(0)), 0);
-        assert_eq!(grace_period(Some(&pod), Some(50), None), MIN_GRACE_SECONDS);
-        assert_eq!(grace_period(None, Some(50), None), 50);
-        assert_eq!(grace_period(None, None, None), DEFAULT_GRACE_SECONDS);
+        assert_eq!(grace_period(Some(&pod), Some(50), Some(0), Some(9)), 0);
+        assert_eq!(
+            grace_period(Some(&pod), Some(50), None, None),
+            MIN_GRACE_SECONDS
+        );
+        assert_eq!(grace_period(None, Some(50), None, None), 50);
+        assert_eq!(grace_period(None, None, None, None), DEFAULT_GRACE_SECONDS);
+        assert_eq!(grace_period(Some(&pod), Some(50), None, Some(7)), 7);
+    }
+
+    #[test]
+    fn probe_grace_periods_come_from_the_condemning_probe() {
+        use k8s_openapi::api::core::v1::Probe;
+        let container = Container {
+            liveness_probe: Some(Probe {
+                termination_grace_period_seconds: Some(4),
+                ..Probe::default()
+            }),
+            ..Container::default()
+        };
+        assert_eq!(
+            probe_grace(Some(&container), Some(ProbeKill::Liveness)),
+            Some(4)
+        );
+        assert_eq!(
+            probe_grace(Some(&container), Some(ProbeKill::Startup)),
+            None
+        );
+        assert_eq!(probe_grace(Some(&container), None), None);
+    }
+
+    #[test]
+    fn stop_signals_map_to_the_cri_enum() {
+        use k8s_openapi::api::core::v1::Lifecycle;
+        let with = |signal: &str| Container {
+            lifecycle: Some(Lifecycle {
+                stop_signal: Some(signal.into()),
+                ..Lifecycle::default()
+            }),
+            ..Container::default()
+        };
+        assert_eq!(
+            stop_signal(&Container::default()),
+            cri::Signal::RuntimeDefault
+        );
+        assert_eq!(stop_signal(&with("SIGUSR1")), cri::Signal::Sigusr1);
+        assert_eq!(stop_signal(&with("SIGRTMIN+1")), cri::Signal::Sigrtminplus1);
+        assert_eq!(
+            stop_signal(&with("SIGRTMAX-2")),
+            cri::Signal::Sigrtmaxminus2
+        );
+        assert_eq!(stop_signal(&with("SIGNOPE")), cri::Signal::RuntimeDefault);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,7 +1,9 @@
-//! Pod lifecycle hooks the sync loop runs around a pod's life on the node; for now the admission
-//! predicate that decides whether a new pod may run here at all. Corresponds to the kubelet's
-//! `pkg/kubelet/lifecycle`.
+//! What the kubelet runs around a pod's and a container's life on the node: the admission
+//! predicate that decides whether a new pod may run here at all, and the container lifecycle hooks
+//! (`postStart`, `preStop`). Corresponds to the kubelet's `pkg/kubelet/lifecycle`.
 
+pub mod handlers;
 pub mod predicate;
 
+pub use handlers::{HookError, HookTarget, run_handler};
 pub use predicate::{Rejection, admit, pod_requests};

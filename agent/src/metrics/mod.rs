@@ -1,5 +1,6 @@
 //! The agent's Prometheus metrics (the kubelet's `pkg/kubelet/metrics`), served as Prometheus text
-//! (`text/plain; version=0.0.4`) on `/metrics`.
+//! (`text/plain; version=0.0.4`) on `/metrics`; the prober's (`pkg/kubelet/prober/metrics.go`) are
+//! a registry of their own, served on `/metrics/probes` as the kubelet does.
 //!
 //! The `kubelet_*` metrics keep the kubelet's names, types and buckets so existing alerts and
 //! dashboards work against ringlet. The `ringlet_*` metrics are ringlet's own: kernel → PLEG event and
@@ -13,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::container::ContainerState;
@@ -116,8 +117,107 @@ const CONTAINER_STATES: [(ContainerState, &str); 4] = [
     (ContainerState::Unknown, "unknown"),
 ];
 
+/// The labels of one probe worker's series (the kubelet's `prober_probe_total` labels less
+/// `result`; `prober_probe_duration_seconds` has them less `pod_uid`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeLabels {
+    /// `Liveness`, `Readiness` or `Startup`.
+    pub probe_type: &'static str,
+    pub container: String,
+    pub pod: String,
+    pub namespace: String,
+    pub pod_uid: String,
+}
+
+/// The `result` label of `prober_probe_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcomeLabel {
+    Successful,
+    Failed,
+    Unknown,
+}
+
+impl ProbeOutcomeLabel {
+    const ALL: [ProbeOutcomeLabel; 3] = [Self::Successful, Self::Failed, Self::Unknown];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Successful => "successful",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl ProbeLabels {
+    fn total(&self, outcome: ProbeOutcomeLabel) -> [&str; 6] {
+        [
+            self.probe_type,
+            outcome.label(),
+            &self.container,
+            &self.pod,
+            &self.namespace,
+            &self.pod_uid,
+        ]
+    }
+
+    fn duration(&self) -> [&str; 4] {
+        [self.probe_type, &self.container, &self.pod, &self.namespace]
+    }
+}
+
+/// The prober's registry, served on `/metrics/probes`.
+struct ProbeMetrics {
+    registry: Registry,
+    total: IntCounterVec,
+    duration: HistogramVec,
+}
+
+impl ProbeMetrics {
+    fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let total = register(
+            &registry,
+            "prober_probe_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "prober_probe_total",
+                    "Cumulative number of a liveness, readiness or startup probe for a container \
+                     by result.",
+                ),
+                &[
+                    "probe_type",
+                    "result",
+                    "container",
+                    "pod",
+                    "namespace",
+                    "pod_uid",
+                ],
+            ),
+        )?;
+        let duration = register(
+            &registry,
+            "prober_probe_duration_seconds",
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "prober_probe_duration_seconds",
+                    "Duration in seconds for a probe response.",
+                )
+                .buckets(DEFAULT_BUCKETS.to_vec()),
+                &["probe_type", "container", "pod", "namespace"],
+            ),
+        )?;
+        Ok(Self {
+            registry,
+            total,
+            duration,
+        })
+    }
+}
+
 struct Inner {
     registry: Registry,
+    probes: ProbeMetrics,
     relist_duration: Histogram,
     relist_interval: Histogram,
     last_seen: Gauge,
@@ -314,6 +414,7 @@ impl Metrics {
                 "engine",
             )?,
             registry,
+            probes: ProbeMetrics::new()?,
         };
         for label in HintLabel::ALL {
             inner.hints.with_label_values(&[label.label()]);
@@ -336,6 +437,41 @@ impl Metrics {
         TextEncoder::new()
             .encode_to_string(&self.inner.registry.gather())
             .map_err(|source| MetricsError::Encode { source })
+    }
+
+    /// The prober's metrics in the Prometheus text format (`/metrics/probes`).
+    pub fn render_probes(&self) -> Result<String, MetricsError> {
+        TextEncoder::new()
+            .encode_to_string(&self.inner.probes.registry.gather())
+            .map_err(|source| MetricsError::Encode { source })
+    }
+
+    /// One probe of a worker ended with `outcome` (`prober_probe_total`) after `duration`
+    /// (`prober_probe_duration_seconds`; the kubelet times successful and unknown probes only).
+    pub fn observe_probe(
+        &self,
+        labels: &ProbeLabels,
+        outcome: ProbeOutcomeLabel,
+        duration: Option<Duration>,
+    ) {
+        let probes = &self.inner.probes;
+        probes.total.with_label_values(&labels.total(outcome)).inc();
+        if let Some(duration) = duration {
+            probes
+                .duration
+                .with_label_values(&labels.duration())
+                .observe(duration.as_secs_f64());
+        }
+    }
+
+    /// Drops a stopped worker's series.
+    pub fn forget_probe(&self, labels: &ProbeLabels) {
+        let probes = &self.inner.probes;
+        for outcome in ProbeOutcomeLabel::ALL {
+            // A series the worker never touched is not there to remove.
+            let _ = probes.total.remove_label_values(&labels.total(outcome));
+        }
+        let _ = probes.duration.remove_label_values(&labels.duration());
     }
 
     /// A full relist took `duration` (`kubelet_pleg_relist_duration_seconds`).

@@ -46,9 +46,6 @@ const APPLICATION_JSON: &str = "application/json";
 const TEXT_HTML: &str = "text/html; charset=utf-8";
 /// How long `/run` waits for its command.
 const RUN_TIMEOUT: Duration = Duration::from_mins(1);
-/// `/metrics/probes`: ringlet runs no probes yet, so the family is declared without samples.
-const PROBE_METRICS: &str = "# HELP prober_probe_total Cumulative number of a liveness, \
-readiness or startup probe for a container by result.\n# TYPE prober_probe_total counter\n";
 
 /// Answers requests for one listener from what the host reports.
 #[derive(Clone)]
@@ -131,7 +128,13 @@ impl Router {
                 Ok(summary) => prometheus_text(stats::render_resource_metrics(&summary)),
                 Err(error) => host_error(&error),
             },
-            Route::MetricsProbes => prometheus_text(PROBE_METRICS.to_owned()),
+            Route::MetricsProbes => match self.host.metrics().render_probes() {
+                Ok(body) => prometheus_text(body),
+                Err(error) => {
+                    tracing::error!(%error, "rendering probe metrics");
+                    text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"))
+                }
+            },
             Route::StatsSummary => match self
                 .host
                 .stats_summary(query_values(query, "only_cpu_and_memory").any(|v| v == "true"))

@@ -470,7 +470,19 @@ async fn the_api_refuses_unauthenticated_requests_before_routing(engine: IoEngin
 }
 
 async fn api_only_routes_answer_on_the_api(engine: IoEngine) {
-    let server = start_api(engine, Arc::new(FakeHost::new()), true, true);
+    let host = FakeHost::new();
+    host.metrics.observe_probe(
+        &crate::metrics::ProbeLabels {
+            probe_type: "Readiness",
+            container: "app".into(),
+            pod: "web".into(),
+            namespace: "default".into(),
+            pod_uid: "u1".into(),
+        },
+        crate::metrics::ProbeOutcomeLabel::Successful,
+        Some(std::time::Duration::from_millis(3)),
+    );
+    let server = start_api(engine, Arc::new(host), true, true);
     let configz = get(server.addr, "/configz").await;
     assert_eq!(configz.status, StatusCode::OK);
     let body: serde_json::Value = serde_json::from_slice(&configz.body).unwrap();
@@ -483,7 +495,22 @@ async fn api_only_routes_answer_on_the_api(engine: IoEngine) {
 
     let probes = get(server.addr, "/metrics/probes").await;
     assert_eq!(probes.status, StatusCode::OK);
-    assert!(probes.text().contains("# TYPE prober_probe_total counter"));
+    let probes = probes.text();
+    assert!(
+        probes.contains("# TYPE prober_probe_total counter"),
+        "{probes}"
+    );
+    assert!(
+        probes.contains(
+            "prober_probe_total{container=\"app\",namespace=\"default\",pod=\"web\",\
+             pod_uid=\"u1\",probe_type=\"Readiness\",result=\"successful\"} 1"
+        ),
+        "{probes}"
+    );
+    assert!(
+        probes.contains("prober_probe_duration_seconds_bucket{container=\"app\""),
+        "{probes}"
+    );
 
     let stats = get(server.addr, "/stats/summary").await;
     assert_eq!(stats.status, StatusCode::SERVICE_UNAVAILABLE);

@@ -13,7 +13,9 @@ use k8s_openapi::jiff::Timestamp;
 use super::CONTAINER_ID_SCHEME;
 use super::reason_cache::ReasonCache;
 use crate::cm::qos_class;
-use crate::container::{ContainerState, ContainerStatus, PodStatus, PodUid, SandboxState};
+use crate::container::{
+    ContainerId, ContainerState, ContainerStatus, PodStatus, PodUid, SandboxState,
+};
 
 const PENDING: &str = "Pending";
 const RUNNING: &str = "Running";
@@ -33,29 +35,50 @@ const KUBELET_CONDITIONS: [&str; 5] = [
     POD_SCHEDULED,
 ];
 
-/// The API status of `pod` given what the runtime reports for it, the start failures in `reasons`
-/// and the previously generated status (`previous`, whose start time, terminal phase, condition
-/// transition times and foreign conditions are kept). `host_ip` is the node's IP; host-network pods
-/// report it as their pod IP. `pod_is_terminal`: the pod has been stopped for good (deleted, or it
-/// finished), so containers that are all stopped make a terminal phase even under
-/// `restartPolicy: Always`.
+/// What the prober says about a running container (the kubelet's `probeManager.UpdatePodStatus`).
+pub trait ProbeView {
+    /// Whether the container has started: its startup probe succeeded, or it has none.
+    fn started(&self, pod: &PodUid, container: &str, id: &ContainerId) -> bool;
+    /// Whether the started container is ready: its readiness probe succeeded, or it has none.
+    fn ready(&self, pod: &PodUid, container: &str, id: &ContainerId) -> bool;
+}
+
+/// No probes: every running container is started and ready (run-once mode, tests).
+pub struct NoProbes;
+
+impl ProbeView for NoProbes {
+    fn started(&self, _pod: &PodUid, _container: &str, _id: &ContainerId) -> bool {
+        true
+    }
+
+    fn ready(&self, _pod: &PodUid, _container: &str, _id: &ContainerId) -> bool {
+        true
+    }
+}
+
+/// What status generation takes besides the pod and the runtime's view of it.
+pub struct StatusInputs<'a> {
+    /// Start failures, shown as waiting reasons.
+    pub reasons: &'a ReasonCache,
+    /// The previously generated status, whose start time, terminal phase, condition transition
+    /// times and foreign conditions are kept.
+    pub previous: Option<&'a ApiPodStatus>,
+    /// The node's IP; host-network pods report it as their pod IP.
+    pub host_ip: &'a str,
+    /// The pod has been stopped for good (deleted, or it finished), so containers that are all
+    /// stopped make a terminal phase even under `restartPolicy: Always`.
+    pub pod_is_terminal: bool,
+    /// Readiness and startup of running containers.
+    pub probes: &'a dyn ProbeView,
+}
+
+/// The API status of `pod` given what the runtime reports for it.
 pub fn generate_api_pod_status(
     pod: &Pod,
     runtime: &PodStatus,
-    reasons: &ReasonCache,
-    previous: Option<&ApiPodStatus>,
-    host_ip: &str,
-    pod_is_terminal: bool,
+    inputs: &StatusInputs<'_>,
 ) -> ApiPodStatus {
-    generate_at(
-        pod,
-        runtime,
-        reasons,
-        previous,
-        host_ip,
-        pod_is_terminal,
-        wall_clock_now(),
-    )
+    generate_at(pod, runtime, inputs, wall_clock_now())
 }
 
 /// The wall-clock time (jiff's own `now` needs a feature k8s-openapi does not enable).
@@ -72,12 +95,16 @@ pub fn wall_clock_now() -> Timestamp {
 fn generate_at(
     pod: &Pod,
     runtime: &PodStatus,
-    reasons: &ReasonCache,
-    previous: Option<&ApiPodStatus>,
-    host_ip: &str,
-    pod_is_terminal: bool,
+    inputs: &StatusInputs<'_>,
     now: Timestamp,
 ) -> ApiPodStatus {
+    let StatusInputs {
+        reasons,
+        previous,
+        host_ip,
+        pod_is_terminal,
+        probes,
+    } = *inputs;
     let empty = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&empty);
     let uid = PodUid::new(pod.metadata.uid.clone().unwrap_or_default());
@@ -89,6 +116,7 @@ fn generate_at(
         runtime,
         reasons,
         deleting,
+        probes,
     };
     let init_statuses: Vec<ApiContainerStatus> = init_specs
         .iter()
@@ -180,6 +208,80 @@ fn generate_at(
     }
 }
 
+/// `status` with container `id`'s readiness set to `ready` and the `Ready` and `ContainersReady`
+/// conditions recomputed (the kubelet's `SetContainerReadiness`), so a probe's verdict shows
+/// without waiting for a pod sync; `None` when the container is not in the status or is already
+/// so.
+pub(super) fn with_container_readiness(
+    pod: &Pod,
+    status: &ApiPodStatus,
+    id: &ContainerId,
+    ready: bool,
+) -> Option<ApiPodStatus> {
+    let mut updated = status.clone();
+    let container = find_by_id(&mut updated, id)?;
+    if container.ready == ready {
+        return None;
+    }
+    container.ready = ready;
+    let empty = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty);
+    let phase = updated.phase.clone().unwrap_or_default();
+    let init = updated.init_container_statuses.clone().unwrap_or_default();
+    let app = updated.container_statuses.clone().unwrap_or_default();
+    let now = Time(truncate(wall_clock_now()));
+    let fresh = [
+        ready_condition(spec, &init, &app, &phase, Some(status)),
+        containers_ready_condition(spec, &init, &app, &phase),
+    ];
+    let conditions = updated.conditions.get_or_insert_with(Vec::new);
+    for mut condition in fresh {
+        if let Some(old) = conditions.iter_mut().find(|c| c.type_ == condition.type_) {
+            condition.observed_generation = old.observed_generation;
+            condition.last_transition_time = if old.status == condition.status {
+                old.last_transition_time.clone()
+            } else {
+                Some(now.clone())
+            };
+            *old = condition;
+        } else {
+            condition.observed_generation = pod.metadata.generation;
+            condition.last_transition_time = Some(now.clone());
+            conditions.push(condition);
+        }
+    }
+    Some(updated)
+}
+
+/// `status` with container `id` marked started or not (the kubelet's `SetContainerStartup`);
+/// `None` when the container is not in the status or is already so.
+pub(super) fn with_container_startup(
+    status: &ApiPodStatus,
+    id: &ContainerId,
+    started: bool,
+) -> Option<ApiPodStatus> {
+    let mut updated = status.clone();
+    let container = find_by_id(&mut updated, id)?;
+    if container.started == Some(started) {
+        return None;
+    }
+    container.started = Some(started);
+    Some(updated)
+}
+
+fn find_by_id<'a>(
+    status: &'a mut ApiPodStatus,
+    id: &ContainerId,
+) -> Option<&'a mut ApiContainerStatus> {
+    let wanted = format!("{CONTAINER_ID_SCHEME}://{id}");
+    status
+        .container_statuses
+        .iter_mut()
+        .flatten()
+        .chain(status.init_container_statuses.iter_mut().flatten())
+        .find(|c| c.container_id.as_deref() == Some(wanted.as_str()))
+}
+
 /// API times travel with second precision; truncating keeps regenerated statuses comparable.
 fn truncate(time: Timestamp) -> Timestamp {
     Timestamp::from_second(time.as_second()).unwrap_or(time)
@@ -210,6 +312,7 @@ struct StatusContext<'a> {
     runtime: &'a PodStatus,
     reasons: &'a ReasonCache,
     deleting: bool,
+    probes: &'a dyn ProbeView,
 }
 
 impl StatusContext<'_> {
@@ -270,13 +373,18 @@ impl StatusContext<'_> {
         }
 
         let running = status.state.as_ref().is_some_and(|s| s.running.is_some());
-        status.started = Some(running);
-        // Without probes a running container is ready; a regular init container is ready once it
-        // has completed.
-        status.ready = if kind == ContainerKind::Init && !is_sidecar(container) {
+        let regular_init = kind == ContainerKind::Init && !is_sidecar(container);
+        // A running container has started once its startup probe (if any) succeeded, and is
+        // ready once started and its readiness probe (if any) succeeded; a regular init container
+        // is ready once it has completed.
+        let started = running
+            && (regular_init
+                || newest.is_some_and(|c| self.probes.started(self.uid, &container.name, &c.id)));
+        status.started = Some(started);
+        status.ready = if regular_init {
             terminated(status.state.as_ref()).is_some_and(|t| t.exit_code == 0)
         } else {
-            running
+            started && newest.is_some_and(|c| self.probes.ready(self.uid, &container.name, &c.id))
         };
         status
     }
@@ -728,8 +836,21 @@ mod tests {
         Timestamp::from_second(secs).unwrap()
     }
 
+    fn inputs<'a>(
+        reasons: &'a ReasonCache,
+        previous: Option<&'a ApiPodStatus>,
+    ) -> StatusInputs<'a> {
+        StatusInputs {
+            reasons,
+            previous,
+            host_ip: "192.168.1.10",
+            pod_is_terminal: false,
+            probes: &NoProbes,
+        }
+    }
+
     fn generate(pod: &Pod, rt: &PodStatus, reasons: &ReasonCache) -> ApiPodStatus {
-        generate_at(pod, rt, reasons, None, "192.168.1.10", false, at(1_000))
+        generate_at(pod, rt, &inputs(reasons, None), at(1_000))
     }
 
     fn fail_start(reasons: &ReasonCache, name: &str, reason: &str) {
@@ -850,6 +971,112 @@ mod tests {
         assert_eq!(cond(&status, READY).status, "True");
         assert_eq!(cond(&status, CONTAINERS_READY).status, "True");
         assert_eq!(cond(&status, POD_READY_TO_START_CONTAINERS).status, "True");
+    }
+
+    /// Probe verdicts for tests: which containers (by runtime id) have started and are ready.
+    struct Verdicts {
+        started: &'static [&'static str],
+        ready: &'static [&'static str],
+    }
+
+    impl ProbeView for Verdicts {
+        fn started(&self, _pod: &PodUid, _container: &str, id: &ContainerId) -> bool {
+            self.started.contains(&id.as_str())
+        }
+
+        fn ready(&self, _pod: &PodUid, _container: &str, id: &ContainerId) -> bool {
+            self.ready.contains(&id.as_str())
+        }
+    }
+
+    #[test]
+    fn probes_decide_started_and_ready_of_running_containers() {
+        let reasons = ReasonCache::new();
+        let p = pod("Always", &[], &["a", "b", "c"]);
+        let rt = runtime(vec![
+            running("ca", "a", 0),
+            running("cb", "b", 0),
+            running("cc", "c", 0),
+        ]);
+        // a: started and ready; b: started, not ready; c: not started (so not ready either).
+        let verdicts = Verdicts {
+            started: &["ca", "cb"],
+            ready: &["ca", "cc"],
+        };
+        let status = generate_at(
+            &p,
+            &rt,
+            &StatusInputs {
+                probes: &verdicts,
+                ..inputs(&reasons, None)
+            },
+            at(1_000),
+        );
+        let flags: Vec<(Option<bool>, bool)> = status
+            .container_statuses
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| (c.started, c.ready))
+            .collect();
+        assert_eq!(
+            flags,
+            [
+                (Some(true), true),
+                (Some(true), false),
+                (Some(false), false)
+            ]
+        );
+        let containers_ready = cond(&status, CONTAINERS_READY);
+        assert_eq!(containers_ready.status, "False");
+        assert_eq!(
+            containers_ready.message.as_deref(),
+            Some("containers with unready status: [b c]")
+        );
+        assert_eq!(cond(&status, READY).status, "False");
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn a_readiness_verdict_updates_the_status_and_its_conditions_at_once() {
+        let reasons = ReasonCache::new();
+        let p = pod("Always", &[], &["a"]);
+        let not_ready = Verdicts {
+            started: &["ca"],
+            ready: &[],
+        };
+        let status = generate_at(
+            &p,
+            &runtime(vec![running("ca", "a", 0)]),
+            &StatusInputs {
+                probes: &not_ready,
+                ..inputs(&reasons, None)
+            },
+            at(1_000),
+        );
+        assert_eq!(cond(&status, READY).status, "False");
+        let id = ContainerId::from("ca");
+        let ready = with_container_readiness(&p, &status, &id, true).unwrap();
+        assert!(ready.container_statuses.as_ref().unwrap()[0].ready);
+        assert_eq!(cond(&ready, READY).status, "True");
+        assert_eq!(cond(&ready, CONTAINERS_READY).status, "True");
+        assert_ne!(
+            cond(&ready, READY).last_transition_time,
+            cond(&status, READY).last_transition_time,
+            "the transition is dated"
+        );
+        assert_eq!(
+            cond(&ready, POD_SCHEDULED),
+            cond(&status, POD_SCHEDULED),
+            "other conditions are left alone"
+        );
+        assert!(with_container_readiness(&p, &ready, &id, true).is_none());
+        assert!(with_container_readiness(&p, &ready, &ContainerId::from("x"), false).is_none());
+        let not_started = with_container_startup(&ready, &id, false).unwrap();
+        assert_eq!(
+            not_started.container_statuses.as_ref().unwrap()[0].started,
+            Some(false)
+        );
     }
 
     #[test]
@@ -1028,15 +1255,7 @@ mod tests {
     fn conditions_keep_transition_times_while_unchanged() {
         let reasons = ReasonCache::new();
         let p = pod("Always", &[], &["a"]);
-        let first = generate_at(
-            &p,
-            &runtime(vec![]),
-            &reasons,
-            None,
-            "192.168.1.10",
-            false,
-            at(100),
-        );
+        let first = generate_at(&p, &runtime(vec![]), &inputs(&reasons, None), at(100));
         assert!(
             first
                 .conditions
@@ -1051,10 +1270,7 @@ mod tests {
         let same = generate_at(
             &p,
             &runtime(vec![]),
-            &reasons,
-            Some(&first),
-            "192.168.1.10",
-            false,
+            &inputs(&reasons, Some(&first)),
             at(200),
         );
         assert_eq!(same, first, "an unchanged pod regenerates the same status");
@@ -1062,10 +1278,7 @@ mod tests {
         let second = generate_at(
             &p,
             &runtime(vec![running("c", "a", 0)]),
-            &reasons,
-            Some(&first),
-            "192.168.1.10",
-            false,
+            &inputs(&reasons, Some(&first)),
             at(300),
         );
         assert_eq!(cond(&second, READY).status, "True");
@@ -1110,15 +1323,7 @@ mod tests {
         });
         let mut gone = runtime(vec![]);
         gone.sandboxes.clear();
-        let status = generate_at(
-            &p,
-            &gone,
-            &reasons,
-            Some(&previous),
-            "192.168.1.10",
-            false,
-            at(5_000),
-        );
+        let status = generate_at(&p, &gone, &inputs(&reasons, Some(&previous)), at(5_000));
         assert_eq!(
             status.phase.as_deref(),
             Some("Failed"),

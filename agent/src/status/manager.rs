@@ -9,7 +9,8 @@ use tokio::sync::Notify;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 
-use crate::container::PodUid;
+use super::generate::{with_container_readiness, with_container_startup};
+use crate::container::{ContainerId, PodUid};
 
 struct Versioned {
     status: ApiPodStatus,
@@ -64,6 +65,48 @@ impl StatusManager {
                 true
             }
         }
+    }
+
+    /// Marks container `id` of `pod` ready or not and recomputes the pod's `Ready` and
+    /// `ContainersReady` conditions at once (a readiness probe's verdict), without waiting for the
+    /// pod's next sync. Returns whether the stored status changed.
+    pub fn set_container_readiness(&self, pod: &Pod, id: &ContainerId, ready: bool) -> bool {
+        self.update_with(pod, |current| {
+            with_container_readiness(pod, current, id, ready)
+        })
+    }
+
+    /// Marks container `id` of `pod` started or not (a startup probe's verdict). Returns whether
+    /// the stored status changed.
+    pub fn set_container_startup(&self, pod: &Pod, id: &ContainerId, started: bool) -> bool {
+        self.update_with(pod, |current| with_container_startup(current, id, started))
+    }
+
+    /// Replaces the pod's stored status by what `update` makes of it, under one lock so no other
+    /// writer's status is lost in between; `None` from `update` leaves it alone.
+    fn update_with(
+        &self,
+        pod: &Pod,
+        update: impl FnOnce(&ApiPodStatus) -> Option<ApiPodStatus>,
+    ) -> bool {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return false;
+        };
+        let mut pods = self.lock();
+        let Some(old) = pods.get_mut(&PodUid::from(uid)) else {
+            return false;
+        };
+        let Some(status) = update(&old.status) else {
+            return false;
+        };
+        if let Err(reason) = check_transition(pod, &old.status, &status) {
+            tracing::warn!(pod = %uid, reason, "refusing pod status update");
+            return false;
+        }
+        old.status = status;
+        old.version += 1;
+        self.changed.notify_one();
+        true
     }
 
     /// Notified whenever a stored status changes (many changes may wake the waiter once).

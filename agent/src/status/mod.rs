@@ -9,7 +9,7 @@ mod manager;
 mod reason_cache;
 mod syncer;
 
-pub use generate::{generate_api_pod_status, wall_clock_now};
+pub use generate::{NoProbes, ProbeView, StatusInputs, generate_api_pod_status, wall_clock_now};
 pub use manager::StatusManager;
 pub use reason_cache::ReasonCache;
 pub use syncer::{PodDeletionSafety, SYNC_PERIOD, StatusSyncer};

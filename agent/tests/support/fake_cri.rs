@@ -302,6 +302,8 @@ struct State {
     pulls_enabled: bool,
     stop_behaviours: HashMap<String, StopBehaviour>,
     exec_results: HashMap<String, cri::ExecSyncResponse>,
+    /// `(container name, timeout)` of every `StopContainer` of a running container, in order.
+    stops: Vec<(String, i64)>,
     next_id: u64,
     next_ip: u32,
     next_pid: u32,
@@ -706,6 +708,11 @@ impl FakeCri {
         );
     }
 
+    /// `(container name, timeout)` of every `StopContainer` of a running container, in order.
+    pub fn stops(&self) -> Vec<(String, i64)> {
+        self.inner.lock().stops.clone()
+    }
+
     /// Wire names of the RPCs received so far, in order, including those answered with an error.
     pub fn calls(&self) -> Vec<String> {
         self.inner.lock().calls.clone()
@@ -1067,17 +1074,20 @@ impl RuntimeService for Runtime {
         self.0.enter("StopContainer").await?;
         let request = request.into_inner();
         let behaviour = {
-            let state = self.0.lock();
+            let mut state = self.0.lock();
             let container = &state.containers[state.container(&request.container_id)?];
             // Stopping a created or exited container is a no-op in containerd.
             if container.state != cri::ContainerState::ContainerRunning {
                 return Ok(Response::new(cri::StopContainerResponse {}));
             }
-            state
+            let name = container.name().to_owned();
+            let behaviour = state
                 .stop_behaviours
-                .get(container.name())
+                .get(&name)
                 .copied()
-                .unwrap_or_default()
+                .unwrap_or_default();
+            state.stops.push((name, request.timeout));
+            behaviour
         };
         let exit_code = match behaviour {
             _ if request.timeout <= 0 => EXIT_SIGKILL,
