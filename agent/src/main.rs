@@ -4,7 +4,7 @@
 //! agent adopts them.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -242,34 +242,49 @@ fn create_pods_dir(config: &AgentConfig) -> anyhow::Result<()> {
 /// The API server client from `--kubeconfig`, after the TLS bootstrap when `--bootstrap-kubeconfig`
 /// is given and the kubeconfig does not exist yet; `None` for a standalone agent.
 async fn connect_api_server(config: &AgentConfig) -> anyhow::Result<Option<ApiClient>> {
-    let Some(kubeconfig) = &config.kubeconfig else {
-        return Ok(None);
-    };
-    if let Some(bootstrap_kubeconfig) = &config.bootstrap_kubeconfig {
-        bootstrap::bootstrap_if_needed(&BootstrapSettings {
-            node_name: config.node_name.clone(),
-            bootstrap_kubeconfig: bootstrap_kubeconfig.clone(),
-            kubeconfig: kubeconfig.clone(),
-            cert_dir: config.cert_dir.clone(),
-        })
-        .await
-        .map_err(|err| anyhow::anyhow!("TLS bootstrap failed: {}", error_chain(&err)))?;
-    }
     let node = &config.kubelet.node;
     let options = ApiClientOptions {
         qps: node.kube_api_qps,
         burst: node.kube_api_burst,
         ..ApiClientOptions::default()
     };
-    let client = ApiClient::from_kubeconfig(kubeconfig, options)
-        .await
-        .map_err(|err| anyhow::anyhow!("cannot use --kubeconfig: {}", error_chain(&err)))?;
+    let client = if config.in_cluster_config {
+        ApiClient::in_cluster(options).map_err(|err| {
+            anyhow::anyhow!("cannot use --in-cluster-config: {}", error_chain(&err))
+        })?
+    } else if let Some(kubeconfig) = &config.kubeconfig {
+        connect_with_kubeconfig(config, kubeconfig, options).await?
+    } else {
+        return Ok(None);
+    };
     tracing::info!(
         server = client.server(),
         identity = client.identity(),
         "using the API server"
     );
     Ok(Some(client))
+}
+
+/// The client from `--kubeconfig`, after a TLS bootstrap when `--bootstrap-kubeconfig` asks for
+/// one and the kubeconfig does not exist yet.
+async fn connect_with_kubeconfig(
+    config: &AgentConfig,
+    kubeconfig: &Path,
+    options: ApiClientOptions,
+) -> anyhow::Result<ApiClient> {
+    if let Some(bootstrap_kubeconfig) = &config.bootstrap_kubeconfig {
+        bootstrap::bootstrap_if_needed(&BootstrapSettings {
+            node_name: config.node_name.clone(),
+            bootstrap_kubeconfig: bootstrap_kubeconfig.clone(),
+            kubeconfig: kubeconfig.to_owned(),
+            cert_dir: config.cert_dir.clone(),
+        })
+        .await
+        .map_err(|err| anyhow::anyhow!("TLS bootstrap failed: {}", error_chain(&err)))?;
+    }
+    ApiClient::from_kubeconfig(kubeconfig, options)
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot use --kubeconfig: {}", error_chain(&err)))
 }
 
 /// The node as the status manager reports it: name, addresses, labels, taints, capacity settings.

@@ -4,10 +4,11 @@
 //! waits (bounded) until their containers are gone, and deletes the Node and its Lease, so the next
 //! test can use the same node name.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use serde_json::Value;
 
 use crate::cluster::{Cluster, run, run_with_input};
@@ -26,6 +27,8 @@ pub struct ClusterNode {
     /// Always `Some` until drop, which stops the agent before it deletes the Node (a running agent
     /// would register it again).
     agent: Option<Agent>,
+    /// With `in_cluster`: the service account files, removed after the agent stopped.
+    _service_account: Option<ServiceAccountFiles>,
 }
 
 /// What a test may change about its node.
@@ -38,6 +41,10 @@ pub struct ClusterNodeOptions {
     pub args: Vec<String>,
     /// Run with `--bootstrap-kubeconfig` instead of a ready node kubeconfig; the test signs the CSR.
     pub bootstrap: bool,
+    /// Run as if in a pod, with `--in-cluster-config`: a service account `ringlet-node` of the
+    /// test's namespace, bound to the `system:node` `ClusterRole`, whose token, CA and namespace are
+    /// written where a pod has them, and `KUBERNETES_SERVICE_HOST`/`_PORT` naming the API server.
+    pub in_cluster: bool,
 }
 
 impl ClusterNode {
@@ -49,7 +56,19 @@ impl ClusterNode {
         cluster.prepare_namespace(&namespace)?;
         delete_node_objects(cluster, &node);
         let mut args = options.args;
-        if options.bootstrap {
+        let mut env = Vec::new();
+        let mut service_account = None;
+        if options.in_cluster {
+            service_account = Some(ServiceAccountFiles::write(cluster, &namespace, &node)?);
+            args.push("--in-cluster-config".to_owned());
+            env.extend([
+                ("KUBERNETES_SERVICE_HOST".to_owned(), "127.0.0.1".to_owned()),
+                (
+                    "KUBERNETES_SERVICE_PORT".to_owned(),
+                    crate::cluster::API_SERVER_PORT.to_string(),
+                ),
+            ]);
+        } else if options.bootstrap {
             let kubeconfig = std::env::temp_dir().join(format!("ringlet-bootstrap-{node}.conf"));
             let _ = std::fs::remove_file(&kubeconfig);
             args.extend([
@@ -78,6 +97,7 @@ impl ClusterNode {
                 node: Some(node),
                 client_ca_file: Some(cluster.ca_file()),
                 args,
+                env,
                 ..AgentOptions::default()
             },
         )?;
@@ -85,6 +105,7 @@ impl ClusterNode {
             cluster: cluster.clone(),
             namespace,
             agent: Some(agent),
+            _service_account: service_account,
         })
     }
 
@@ -219,4 +240,79 @@ fn delete_node_objects(cluster: &Cluster, node: &str) {
         "kube-node-lease",
         "--ignore-not-found",
     ]));
+}
+
+/// Where a pod finds its service account's token, CA and namespace (and kube's in-cluster
+/// configuration reads them).
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// A service account's files written where a pod has them; removed on drop, with the directories
+/// this created.
+struct ServiceAccountFiles {
+    created: PathBuf,
+}
+
+impl ServiceAccountFiles {
+    /// Creates service account `ringlet-node` in `namespace`, binds it to `system:node` (the
+    /// permissions a kubelet has) and writes a token for it. Refuses to touch a machine that has
+    /// its own service account directory.
+    fn write(cluster: &Cluster, namespace: &str, node: &str) -> Result<Self> {
+        let dir = Path::new(SERVICE_ACCOUNT_DIR);
+        let created = dir
+            .ancestors()
+            .take_while(|d| !d.exists())
+            .last()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| {
+                anyhow!(
+                    "{SERVICE_ACCOUNT_DIR} already exists on this machine: the in-cluster test \
+                     would overwrite a real service account"
+                )
+            })?;
+        run(cluster.kubectl().args([
+            "create",
+            "serviceaccount",
+            "ringlet-node",
+            "-n",
+            namespace,
+            "--dry-run=client",
+            "-o",
+            "yaml",
+        ]))
+        .and_then(|yaml| run_with_input(cluster.kubectl().args(["apply", "-f", "-"]), &yaml))?;
+        let binding = format!("e2e-in-cluster-{node}");
+        let _ = run(cluster.kubectl().args([
+            "delete",
+            "clusterrolebinding",
+            &binding,
+            "--ignore-not-found",
+        ]));
+        run(cluster.kubectl().args([
+            "create",
+            "clusterrolebinding",
+            &binding,
+            "--clusterrole=system:node",
+            &format!("--serviceaccount={namespace}:ringlet-node"),
+        ]))?;
+        let token = run(cluster.kubectl().args([
+            "create",
+            "token",
+            "ringlet-node",
+            "-n",
+            namespace,
+            "--duration=1h",
+        ]))?;
+        let files = Self { created };
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("token"), token.trim())?;
+        std::fs::copy(cluster.ca_file(), dir.join("ca.crt"))?;
+        std::fs::write(dir.join("namespace"), namespace)?;
+        Ok(files)
+    }
+}
+
+impl Drop for ServiceAccountFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.created);
+    }
 }

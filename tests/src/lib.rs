@@ -272,6 +272,8 @@ pub struct AgentOptions {
     /// `--client-ca-file` instead of the test's own client CA (e.g. the cluster's, whose
     /// certificates the API server presents when it forwards `kubectl logs` and `exec`).
     pub client_ca_file: Option<PathBuf>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
 }
 
 /// A running `ringlet` with its own directories and ports. Dropping it removes its manifests, waits
@@ -285,6 +287,7 @@ pub struct Agent {
     /// The kubelet API (HTTPS) port.
     pub api_port: u16,
     options_args: Vec<String>,
+    options_env: Vec<(String, String)>,
     wrapper: Vec<String>,
     client_ca_file: PathBuf,
     // Dropped after the agent is stopped (fields drop after `Drop::drop`).
@@ -354,6 +357,7 @@ impl Agent {
             healthz_port: free_port()?,
             api_port: free_port()?,
             options_args: args,
+            options_env: options.env,
             wrapper: wrapper.iter().map(|&w| w.to_owned()).collect(),
         };
         ClientIdentity::write(agent.dir.path())?;
@@ -398,6 +402,7 @@ impl Agent {
                 &self.events_socket().display().to_string(),
             ])
             .env("RINGLET_LOG", "ringlet=debug,info")
+            .envs(self.options_env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()

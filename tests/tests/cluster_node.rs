@@ -491,6 +491,37 @@ fn tls_bootstrap_gets_the_node_a_client_certificate() -> Result<()> {
 }
 
 #[test]
+fn an_agent_in_a_pod_joins_with_its_service_account() -> Result<()> {
+    let test = "an_agent_in_a_pod_joins_with_its_service_account";
+    let Some(cluster) = require(test) else {
+        return Ok(());
+    };
+    let node = ClusterNode::start(
+        test,
+        &cluster,
+        ClusterNodeOptions {
+            in_cluster: true,
+            ..ClusterNodeOptions::default()
+        },
+    )?;
+    wait_ready(&node)?;
+    node.apply(&api_pod("web", node.node(), "Always", SERVE, ""))?;
+    node.wait_api_pod(
+        "web",
+        "Running and ready with an IP",
+        START,
+        running_and_ready,
+    )?;
+    let log = node.agent().log();
+    ensure!(
+        log.contains("the bearer token in /var/run/secrets/kubernetes.io/serviceaccount/token"),
+        "the agent should name the service account token it uses: {}",
+        ringlet_tests::tail(&log, 40)
+    );
+    Ok(())
+}
+
+#[test]
 fn a_pod_that_does_not_fit_fails_with_the_kubelets_reason() -> Result<()> {
     let test = "a_pod_that_does_not_fit_fails_with_the_kubelets_reason";
     let Some(cluster) = require(test) else {

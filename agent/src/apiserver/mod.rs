@@ -1,6 +1,8 @@
 //! The agent's API-server client: a kube-rs [`kube::Client`] built the way the kubelet builds its
 //! clientset (`cmd/kubelet/app/server.go`): from `--kubeconfig` (client certificate, token, token
-//! file or exec plugin, as kube supports them). [`bootstrap`] writes that kubeconfig first when it does not exist yet (TLS bootstrap).
+//! file or exec plugin, as kube supports them), or, for an agent running as a pod, from the pod's
+//! service account (`--in-cluster-config`). [`bootstrap`] writes that kubeconfig first when it does
+//! not exist yet (TLS bootstrap).
 //!
 //! `insecure-skip-tls-verify` is refused: the agent sends bearer tokens and `TokenReview` answers
 //! over this connection, so it must know whom it talks to. Every error the API server returns is
@@ -73,6 +75,15 @@ pub enum ApiServerError {
          server it sends tokens to); set certificate-authority instead"
     )]
     InsecureSkipVerify { path: PathBuf },
+    #[error(
+        "in-cluster configuration (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT and \
+         /var/run/secrets/kubernetes.io/serviceaccount/): is the agent running in a pod with a \
+         service account token?"
+    )]
+    InCluster {
+        #[source]
+        source: kube::config::InClusterError,
+    },
     #[error("building the API client for {server}")]
     Client {
         server: String,
@@ -113,7 +124,7 @@ impl ApiClient {
                 path: path.to_owned(),
                 source,
             })?;
-        let mut config =
+        let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|source| ApiServerError::InvalidKubeconfig {
@@ -135,6 +146,25 @@ impl ApiClient {
             });
         }
         let identity = describe_identity(&config.auth_info, Some(path));
+        Self::from_config(config, identity, options)
+    }
+
+    /// A client from the service account of the pod the agent runs in: the API server's address
+    /// from `KUBERNETES_SERVICE_HOST`/`_PORT`, its CA and the (re-read) token from
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/`. Must run inside the agent's tokio runtime.
+    pub fn in_cluster(options: ApiClientOptions) -> Result<Self, ApiServerError> {
+        let config =
+            kube::Config::incluster().map_err(|source| ApiServerError::InCluster { source })?;
+        let identity = describe_identity(&config.auth_info, None);
+        Self::from_config(config, identity, options)
+    }
+
+    /// The client for `config` with the agent's timeouts, retries and rate limit.
+    fn from_config(
+        mut config: kube::Config,
+        identity: String,
+        options: ApiClientOptions,
+    ) -> Result<Self, ApiServerError> {
         config.connect_timeout = Some(CONNECT_TIMEOUT.min(options.request_timeout));
         config.read_timeout = Some(options.request_timeout);
         config.reset_reader_on_write = true;

@@ -196,6 +196,12 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// Reach the API server with the service account of the pod ringlet runs in
+    /// (`KUBERNETES_SERVICE_HOST`/`_PORT` and `/var/run/secrets/kubernetes.io/serviceaccount`)
+    /// instead of --kubeconfig.
+    #[arg(long, conflicts_with_all = ["kubeconfig", "bootstrap_kubeconfig"])]
+    pub in_cluster_config: bool,
+
     /// kubeconfig used to request a client certificate when --kubeconfig does not exist yet (TLS
     /// bootstrap); the issued certificate goes to --cert-dir and --kubeconfig is written.
     #[arg(long, value_name = "FILE")]

@@ -314,6 +314,9 @@ pub struct AgentConfig {
     /// `--kubeconfig`: how to reach the API server (for the authentication and authorisation
     /// webhooks); `None` for a standalone agent.
     pub kubeconfig: Option<PathBuf>,
+    /// `--in-cluster-config`: reach the API server with the service account of the pod the agent
+    /// runs in, instead of `kubeconfig`.
+    pub in_cluster_config: bool,
     /// `--cert-dir` (default `<root-dir>/pki`): where a generated serving certificate and the
     /// bootstrapped client certificate go.
     pub cert_dir: PathBuf,
@@ -409,7 +412,8 @@ fn resolve(
         mut problems,
     } = contents.unwrap_or_default();
     flags.overlay(&mut raw, &mut problems);
-    let kubelet = build(raw, have_file, flags.kubeconfig.is_some(), &mut problems);
+    let has_api_server = flags.kubeconfig.is_some() || flags.in_cluster_config;
+    let kubelet = build(raw, have_file, has_api_server, &mut problems);
 
     let node_name = hostname.trim().to_lowercase();
     if let Err(reason) = validate_node_name(&node_name) {
@@ -488,6 +492,7 @@ fn resolve(
         events_socket: flags.events_socket.clone(),
         ebpf_ring_buffer_bytes: flags.ebpf_ring_buffer_bytes,
         kubeconfig: flags.kubeconfig.clone(),
+        in_cluster_config: flags.in_cluster_config,
         cert_dir: flags
             .cert_dir
             .clone()
