@@ -694,6 +694,48 @@ fn a_killed_agent_adopts_its_containers_after_a_restart() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn a_node_registered_by_another_machine_is_taken_over_with_a_warning() -> Result<()> {
+    let test = "a_node_registered_by_another_machine_is_taken_over_with_a_warning";
+    let Some(cluster) = require(test) else {
+        return Ok(());
+    };
+    let mut node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
+    let ours = wait_ready(&node)?["status"]["nodeInfo"]["machineID"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    node.agent_mut().stop()?;
+    // Another machine registered under this name: its machineID is on the Node.
+    let theirs = "0123456789abcdef0123456789abcdef";
+    run(cluster.kubectl().args([
+        "patch",
+        "node",
+        node.node(),
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"status":{{"nodeInfo":{{"machineID":"{theirs}"}}}}}}"#),
+    ]))?;
+    node.agent_mut().restart()?;
+    wait_for("this machine's ID back on the Node", START, || {
+        let object = node.node_object().ok()?;
+        (object["status"]["nodeInfo"]["machineID"] == ours.as_str() && node_ready(&object))
+            .then_some(())
+    })?;
+    let log = node.agent().log();
+    let warning = format!(
+        "node {} was registered by another machine (machineID {theirs}, this one is {ours})",
+        node.node()
+    );
+    ensure!(
+        log.matches(warning.as_str()).count() == 1,
+        "one warning naming both machines: {}",
+        ringlet_tests::tail(&log, 40)
+    );
+    Ok(())
+}
+
 /// The pod UID label of a containerd container.
 fn pod_uid_of(id: &str) -> Result<String> {
     container_labels(id)?["io.kubernetes.pod.uid"]

@@ -10,6 +10,7 @@ mod cmd;
 mod demo;
 mod http;
 mod io_bench;
+mod kubelet_host;
 mod lab;
 mod oci;
 mod pleg_bench;

@@ -11,22 +11,23 @@
 //! also stops every pod in containerd it does not know, so it only starts while containerd holds no
 //! containers at all.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::{Result, bail};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::benchkit::{
     self, Agent, bench_pods, cleanup, free_port, fresh_run_dir, git_commit, machine, now_utc,
     process_cpu_seconds, runtime_containers,
 };
-use crate::{cluster, cmd, http, lab, workspace_root};
+use crate::kubelet_host::{HostGuard, find_kubelet};
+use crate::{cmd, http, lab, workspace_root};
 
 const NAMESPACE: &str = "ringlet-bench-probes";
 const NODE: &str = "bench-probes";
@@ -34,26 +35,6 @@ const IMAGE: &str = "docker.io/library/busybox:1.35";
 const READY_POLL: Duration = Duration::from_millis(200);
 /// How long the kubelet side waits for containerd to hold no containers of others.
 const QUIET_WAIT: Duration = Duration::from_mins(20);
-/// The env variable naming the upstream kubelet binary (else envtest's `setup.sh` folder).
-const KUBELET_ENV: &str = "KUBELET";
-/// What the kubelet changes on the host (`/proc/sys` paths).
-const KUBELET_SYSCTLS: [&str; 3] = [
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "vm/overcommit_memory",
-];
-/// Directories the kubelet creates whatever its root dir, children first.
-const KUBELET_DIRS: [&str; 3] = [
-    "/var/lib/kubelet/device-plugins",
-    "/var/lib/kubelet",
-    "/var/log/containers",
-];
-/// The pods' `QoS` cgroups below each v1 hierarchy, children first.
-const QOS_CGROUPS: [&str; 3] = ["kubepods/besteffort", "kubepods/burstable", "kubepods"];
-const IPTABLES: [&str; 2] = ["iptables", "ip6tables"];
-const IPTABLES_TABLES: [&str; 3] = ["filter", "nat", "mangle"];
-/// The host state recorded before the kubelet starts, in the lab's bench directory.
-const HOST_STATE: &str = "probes-kubelet-host.json";
 const DURATION_BUCKETS: &str = "prober_probe_duration_seconds_bucket";
 const PROBE_TOTAL: &str = "prober_probe_total";
 
@@ -559,19 +540,6 @@ fn loadavg() -> Result<[f64; 3]> {
     ])
 }
 
-/// The upstream kubelet (`$KUBELET`, else envtest's folder) and its version, or why there is none.
-fn find_kubelet() -> Result<(PathBuf, String), String> {
-    let path = match std::env::var_os(KUBELET_ENV).filter(|v| !v.is_empty()) {
-        Some(path) => PathBuf::from(path),
-        None => cluster::run_envtest_setup()
-            .map_err(|e| format!("{KUBELET_ENV} is not set and envtest's setup.sh failed: {e:#}"))?
-            .join("kubelet"),
-    };
-    let version = cmd::output(Command::new(&path).arg("--version"))
-        .map_err(|e| format!("no upstream kubelet at {}: {e:#}", path.display()))?;
-    Ok((path, version.trim().to_owned()))
-}
-
 /// The kubelet stops every pod it does not know: wait until containerd holds none.
 fn wait_until_containerd_is_empty() -> Result<()> {
     let started = Instant::now();
@@ -649,185 +617,6 @@ imageGCLowThresholdPercent: 99
             .arg(run_dir.join("pki")),
         run_dir.join("kubelet.log"),
     )
-}
-
-/// What the kubelet changes on the host, as it was before it started.
-#[derive(Serialize, Deserialize)]
-struct HostState {
-    /// `/proc/sys` path and value.
-    sysctls: Vec<(String, String)>,
-    /// (program, table, chain) of every iptables chain there was.
-    chains: Vec<(String, String, String)>,
-    /// Directories (cgroups included) the kubelet creates that did not exist, children first.
-    missing: Vec<PathBuf>,
-}
-
-impl HostState {
-    fn read() -> Result<Self> {
-        let sysctls = KUBELET_SYSCTLS
-            .iter()
-            .map(|key| {
-                let value = fs::read_to_string(Path::new("/proc/sys").join(key))
-                    .with_context(|| format!("reading sysctl {key}"))?;
-                Ok(((*key).to_owned(), value.trim().to_owned()))
-            })
-            .collect::<Result<_>>()?;
-        let mut chains = Vec::new();
-        for program in iptables_programs() {
-            for table in IPTABLES_TABLES {
-                for chain in iptables_chains(program, table)? {
-                    chains.push((program.to_owned(), table.to_owned(), chain));
-                }
-            }
-        }
-        let missing = kubelet_dirs()?
-            .into_iter()
-            .filter(|d| !d.exists())
-            .collect();
-        Ok(Self {
-            sysctls,
-            chains,
-            missing,
-        })
-    }
-
-    /// Puts back the sysctls, removes the `KUBE-*` chains and the directories that were not there.
-    fn restore(&self) -> Result<()> {
-        for (key, value) in &self.sysctls {
-            fs::write(Path::new("/proc/sys").join(key), value)
-                .with_context(|| format!("restoring sysctl {key}={value}"))?;
-        }
-        for program in iptables_programs() {
-            for table in IPTABLES_TABLES {
-                let before: HashSet<&str> = self
-                    .chains
-                    .iter()
-                    .filter(|(p, t, _)| p == program && t == table)
-                    .map(|(_, _, c)| c.as_str())
-                    .collect();
-                let added: Vec<String> = iptables_chains(program, table)?
-                    .into_iter()
-                    .filter(|c| c.starts_with("KUBE-") && !before.contains(c.as_str()))
-                    .collect();
-                remove_chains(program, table, &added)?;
-            }
-        }
-        for dir in self.missing.iter().filter(|d| d.exists()) {
-            let removed = if dir.ends_with("device-plugins") {
-                fs::remove_dir_all(dir)
-            } else {
-                fs::remove_dir(dir)
-            };
-            // A cgroup another agent's pods use since is left as it is.
-            if let Err(err) = removed {
-                println!("left {} in place: {err}", dir.display());
-            }
-        }
-        Ok(())
-    }
-}
-
-fn kubelet_dirs() -> Result<Vec<PathBuf>> {
-    let mut dirs: Vec<PathBuf> = KUBELET_DIRS.iter().map(PathBuf::from).collect();
-    for hierarchy in fs::read_dir("/sys/fs/cgroup").context("listing /sys/fs/cgroup")? {
-        let hierarchy = hierarchy?.path();
-        if hierarchy.join("cgroup.procs").exists() {
-            dirs.extend(QOS_CGROUPS.iter().map(|c| hierarchy.join(c)));
-        }
-    }
-    Ok(dirs)
-}
-
-fn iptables_programs() -> Vec<&'static str> {
-    IPTABLES
-        .into_iter()
-        .filter(|p| cmd::succeeds(Command::new(p).arg("--version")))
-        .collect()
-}
-
-fn iptables_chains(program: &str, table: &str) -> Result<Vec<String>> {
-    Ok(
-        cmd::output(Command::new(program).args(["-w", "-t", table, "-S"]))?
-            .lines()
-            .filter_map(|l| l.strip_prefix("-N "))
-            .map(|c| c.trim().to_owned())
-            .collect(),
-    )
-}
-
-/// Deletes the rules of other chains that jump to `chains` (the kubelet's canary chains have
-/// none), then flushes and deletes the chains.
-fn remove_chains(program: &str, table: &str, chains: &[String]) -> Result<()> {
-    if chains.is_empty() {
-        return Ok(());
-    }
-    let rules = cmd::output(Command::new(program).args(["-w", "-t", table, "-S"]))?;
-    for rule in rules.lines().filter_map(|l| l.strip_prefix("-A ")) {
-        let words: Vec<&str> = rule.split_whitespace().collect();
-        let jumps = words
-            .windows(2)
-            .any(|w| (w[0] == "-j" || w[0] == "-g") && chains.iter().any(|c| c == w[1]));
-        if jumps && !chains.iter().any(|c| Some(&c.as_str()) == words.first()) {
-            cmd::run(
-                Command::new(program)
-                    .args(["-w", "-t", table, "-D"])
-                    .args(&words),
-            )?;
-        }
-    }
-    for flag in ["-F", "-X"] {
-        for chain in chains {
-            cmd::run(Command::new(program).args(["-w", "-t", table, flag, chain]))?;
-        }
-    }
-    Ok(())
-}
-
-/// The host as it was before the kubelet started, put back when dropped; also on disk, so a run
-/// that was killed is repaired by the next one.
-struct HostGuard {
-    state: HostState,
-    restored: bool,
-}
-
-impl HostGuard {
-    fn state_path() -> PathBuf {
-        Path::new(lab::LAB_DIR).join("bench").join(HOST_STATE)
-    }
-
-    fn take() -> Result<Self> {
-        let path = Self::state_path();
-        if let Ok(text) = fs::read_to_string(&path) {
-            println!("{} is left from a killed run: restoring it", path.display());
-            let earlier: HostState = serde_json::from_str(&text)?;
-            earlier.restore()?;
-        }
-        let state = HostState::read()?;
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        fs::write(&path, serde_json::to_vec_pretty(&state)?)?;
-        Ok(Self {
-            state,
-            restored: false,
-        })
-    }
-
-    fn restore(mut self) -> Result<()> {
-        self.restored = true;
-        self.state.restore()?;
-        fs::remove_file(Self::state_path())?;
-        println!("host settings the kubelet changed are restored");
-        Ok(())
-    }
-}
-
-impl Drop for HostGuard {
-    fn drop(&mut self) {
-        if !self.restored && self.state.restore().is_ok() {
-            let _ = fs::remove_file(Self::state_path());
-        }
-    }
 }
 
 fn markdown(report: &Report) -> String {
