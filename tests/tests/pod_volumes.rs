@@ -371,13 +371,16 @@ fn pair(version: u32) -> Value {
 }
 
 /// In the pod: enter `..data` (one version, however it is swapped meanwhile), compare the two
-/// keys, count matches and mismatches, and note each version seen.
+/// keys, count matches and mismatches, and note each version seen. The writer removes the old
+/// version's directory right after a swap, so a reader still in it finds its files gone: the
+/// version is read before the comparison, which then fails (exit 2) instead of being counted.
 const PAIR_READER: &str = r#"n=0; bad=0; last=""
 while true; do
   if cd /cfg/..data 2>/dev/null; then
+    v=$(head -c 3 a 2>/dev/null)
     cmp -s a b; r=$?
     if [ $r = 0 ]; then
-      n=$((n+1)); v=$(head -c 3 a)
+      n=$((n+1))
       if [ "$v" != "$last" ]; then echo "$v" >> /out/seen; last=$v; fi
     elif [ $r = 1 ]; then
       bad=$((bad+1)); echo "mismatch $(head -c 3 a) $(head -c 3 b)" >> /out/bad

@@ -24,7 +24,13 @@ pub fn run() -> Result<()> {
     println!("== unit and component tests");
     let unit = cargo()
         .current_dir(&root)
-        .args(["test", "--workspace", "--exclude", "ringlet-tests"])
+        .args([
+            "test",
+            "--no-fail-fast",
+            "--workspace",
+            "--exclude",
+            "ringlet-tests",
+        ])
         .status()?
         .success();
 
@@ -43,7 +49,14 @@ pub fn run() -> Result<()> {
     let mut end_to_end = cargo()
         .current_dir(&root)
         .env(ringlet_tests::IO_ENGINE_ENV, "epoll")
-        .args(["test", "-p", "ringlet-tests", "--", "--test-threads=1"])
+        .args([
+            "test",
+            "--no-fail-fast",
+            "-p",
+            "ringlet-tests",
+            "--",
+            "--test-threads=1",
+        ])
         .status()?
         .success();
     println!("== engine-sensitive end-to-end tests on the uring engine");
@@ -51,7 +64,7 @@ pub fn run() -> Result<()> {
     uring
         .current_dir(&root)
         .env(ringlet_tests::IO_ENGINE_ENV, "uring")
-        .args(["test", "-p", "ringlet-tests"]);
+        .args(["test", "--no-fail-fast", "-p", "ringlet-tests"]);
     for test in ENGINE_SENSITIVE {
         uring.args(["--test", test]);
     }
