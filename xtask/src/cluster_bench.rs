@@ -64,6 +64,9 @@ const NODE_READY_TIMEOUT: Duration = Duration::from_mins(2);
 /// The kubelet removes a deleted pod's sandbox at its next container GC, once a minute.
 const RUNTIME_CLEANUP_TIMEOUT: Duration = Duration::from_mins(3);
 const WATCH_POLL: Duration = Duration::from_millis(50);
+/// How long after Ready the node's pressure conditions are checked (the kubelet's eviction
+/// manager runs every 10 s).
+const PRESSURE_SETTLE: Duration = Duration::from_secs(11);
 const RSS_PERIOD: Duration = Duration::from_secs(1);
 #[derive(clap::Args)]
 pub struct ClusterArgs {
@@ -662,6 +665,11 @@ async fn measure(
     }
     let node_ready_ms = benchkit::ms(started.elapsed());
     println!("node {node} Ready after {node_ready_ms:.0} ms");
+    // The agent's view of its pressure conditions settles with its first eviction check.
+    tokio::time::sleep(PRESSURE_SETTLE).await;
+    if let Some(node) = nodes.get_opt(node).await? {
+        refuse_pressure(&node)?;
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let mut watch = PodWatch::start(pods.clone(), node).await?;
     let mut rounds = Vec::new();
@@ -669,6 +677,50 @@ async fn measure(
         rounds.push(round(&pods, &mut watch, agent, node, count, args).await?);
     }
     Ok((node_ready_ms, rounds))
+}
+
+/// A node under memory, disk or PID pressure evicts and refuses pods: its figures would measure
+/// the eviction, not the agent.
+fn refuse_pressure(node: &Node) -> Result<()> {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten();
+    for condition in conditions {
+        if condition.type_.ends_with("Pressure") && condition.status == "True" {
+            bail!(
+                "node {} reports {}: {} (free disk space or memory first; the agent would evict \
+                 the bench's pods)",
+                node.metadata.name.as_deref().unwrap_or_default(),
+                condition.type_,
+                condition.message.as_deref().unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Every bench pod must still be running when the idle window ends: one that failed (evicted,
+/// rejected) makes the round meaningless.
+async fn refuse_failed_pods(pods: &Api<Pod>, names: &[String]) -> Result<()> {
+    for name in names {
+        let pod = pods
+            .get(name)
+            .await
+            .with_context(|| format!("reading pod {name}"))?;
+        let status = pod.status.unwrap_or_default();
+        if status.phase.as_deref() != Some("Running") {
+            bail!(
+                "pod {name} is {} ({}: {}) after the idle window; the round is void",
+                status.phase.unwrap_or_default(),
+                status.reason.unwrap_or_default(),
+                status.message.unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn node_ready(node: &Node) -> bool {
@@ -763,6 +815,7 @@ async fn round(
         idle.cpu_percent, idle.rss_mib_median
     );
 
+    refuse_failed_pods(pods, &names).await?;
     let mut deleted = HashMap::new();
     for name in &names {
         pods.delete(name, &DeleteParams::default())
