@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde::Serialize;
 
 use crate::benchkit::{
@@ -79,20 +79,7 @@ pub fn startup(args: &StartupArgs) -> Result<()> {
         machine: machine()?,
         metrics,
     };
-    let out_dir = root.join("bench/results");
-    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let json_path = out_dir.join("startup.json");
-    fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
-        .with_context(|| format!("writing {}", json_path.display()))?;
-    let md = markdown(&report);
-    let md_path = out_dir.join("startup.md");
-    fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
-    println!(
-        "{md}\nwrote {} and {}",
-        json_path.display(),
-        md_path.display()
-    );
-    Ok(())
+    benchkit::write_results(&root, "startup", &report, &markdown(&report))
 }
 
 fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Metric>> {

@@ -481,6 +481,24 @@ fn clock_ticks() -> f64 {
     if ticks > 0 { ticks as f64 } else { 100.0 }
 }
 
+/// Writes a bench's results as `bench/results/<name>.json` (the report) and `<name>.md`, and
+/// prints the markdown with where both went.
+pub fn write_results(root: &Path, name: &str, report: &impl Serialize, md: &str) -> Result<()> {
+    let out_dir = root.join("bench/results");
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let json_path = out_dir.join(format!("{name}.json"));
+    fs::write(&json_path, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md_path = out_dir.join(format!("{name}.md"));
+    fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    println!(
+        "{md}\nwrote {} and {}",
+        json_path.display(),
+        md_path.display()
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

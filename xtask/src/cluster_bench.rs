@@ -273,20 +273,7 @@ pub fn cluster(args: &ClusterArgs) -> Result<()> {
         network: "pod network: the lab's bridge CNI (10.88.0.0/16), set up by containerd",
         sides,
     };
-    let out_dir = root.join("bench/results");
-    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let json_path = out_dir.join("cluster.json");
-    fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
-        .with_context(|| format!("writing {}", json_path.display()))?;
-    let md = markdown(&report);
-    let md_path = out_dir.join("cluster.md");
-    fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
-    println!(
-        "{md}\nwrote {} and {}",
-        json_path.display(),
-        md_path.display()
-    );
-    Ok(())
+    benchkit::write_results(&root, "cluster", &report, &markdown(&report))
 }
 
 /// What keeps the upstream kubelet from running: containers in containerd (it would stop them;

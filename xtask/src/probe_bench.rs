@@ -196,19 +196,7 @@ pub fn probes(args: &ProbesArgs) -> Result<()> {
         ringlet_args: args.ringlet_args.clone(),
         sides,
     };
-    let out_dir = root.join("bench/results");
-    fs::create_dir_all(&out_dir)?;
-    let json_path = out_dir.join("probes.json");
-    fs::write(&json_path, serde_json::to_vec_pretty(&report)?)?;
-    let md = markdown(&report);
-    let md_path = out_dir.join("probes.md");
-    fs::write(&md_path, &md)?;
-    println!(
-        "{md}\nwrote {} and {}",
-        json_path.display(),
-        md_path.display()
-    );
-    Ok(())
+    benchkit::write_results(&root, "probes", &report, &markdown(&report))
 }
 
 /// The bench pod `name`: busybox httpd with an HTTP readiness and a TCP liveness probe.
