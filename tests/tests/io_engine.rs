@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ringlet_tests::{
     Agent, AgentOptions, busybox_pod, container_status, http_get, phase, require_lab,
-    ringlet_binary,
+    ringlet_binary, wait_for,
 };
 
 const IO_URING_DISABLED: &str = "/proc/sys/kernel/io_uring_disabled";
@@ -57,8 +57,13 @@ fn auto_falls_back_to_epoll_when_the_kernel_disables_io_uring() -> Result<()> {
         .collect();
     assert_eq!(fallback.len(), 1, "one fallback line expected:\n{log}");
     assert!(fallback[0].contains("io_uring_disabled"), "{}", fallback[0]);
-    let (code, health) = http_get(agent.healthz_port, "/healthz?verbose")?;
-    assert_eq!(code, 200);
+    // Healthy once the first relist and sync-loop round are done, which may follow the port.
+    let health = wait_for("a healthy agent", Duration::from_secs(30), || {
+        http_get(agent.healthz_port, "/healthz?verbose")
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .map(|(_, body)| body)
+    })?;
     assert!(health.contains("info: ping: io engine epoll"), "{health}");
     assert_eq!(agent.metric("ringlet_io_engine{engine=\"epoll\"}")?, 1);
 
