@@ -39,17 +39,27 @@ pub struct ClusterNodeOptions {
     pub node: Option<String>,
     /// Extra flags.
     pub args: Vec<String>,
-    /// Run with `--bootstrap-kubeconfig` instead of a ready node kubeconfig; the test signs the CSR.
-    pub bootstrap: bool,
-    /// Run as if in a pod, with `--in-cluster-config`: a service account `ringlet-node` of the
-    /// test's namespace, bound to the `system:node` `ClusterRole`, whose token, CA and namespace are
+    /// How the agent reaches the API server.
+    pub credentials: NodeCredentials,
+}
+
+/// How a test's agent reaches the API server.
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCredentials {
+    /// A ready kubeconfig with the node's client certificate.
+    #[default]
+    NodeKubeconfig,
+    /// `--bootstrap-kubeconfig` (TLS bootstrap); a thread signs the node's CSR as soon as it
+    /// appears (the agent serves nothing before that).
+    Bootstrap,
+    /// As if in a pod, with `--in-cluster-config`: a service account `ringlet-node` of the test's
+    /// namespace, bound to the `system:node` `ClusterRole`, whose token, CA and namespace are
     /// written where a pod has them, and `KUBERNETES_SERVICE_HOST`/`_PORT` naming the API server.
-    pub in_cluster: bool,
+    InCluster,
 }
 
 impl ClusterNode {
-    /// Starts an agent for `test` on the control plane. With `bootstrap` a thread signs the node's
-    /// CSR as soon as it appears (the agent serves nothing before that).
+    /// Starts an agent for `test` on the control plane with the options' credentials.
     pub fn start(test: &str, cluster: &Cluster, options: ClusterNodeOptions) -> Result<Self> {
         let namespace = name_for(test);
         let node = options.node.clone().unwrap_or_else(|| namespace.clone());
@@ -58,38 +68,44 @@ impl ClusterNode {
         let mut args = options.args;
         let mut env = Vec::new();
         let mut service_account = None;
-        if options.in_cluster {
-            service_account = Some(ServiceAccountFiles::write(cluster, &namespace, &node)?);
-            args.push("--in-cluster-config".to_owned());
-            env.extend([
-                ("KUBERNETES_SERVICE_HOST".to_owned(), "127.0.0.1".to_owned()),
-                (
-                    "KUBERNETES_SERVICE_PORT".to_owned(),
-                    crate::cluster::API_SERVER_PORT.to_string(),
-                ),
-            ]);
-        } else if options.bootstrap {
-            let kubeconfig = std::env::temp_dir().join(format!("ringlet-bootstrap-{node}.conf"));
-            let _ = std::fs::remove_file(&kubeconfig);
-            args.extend([
-                "--bootstrap-kubeconfig".to_owned(),
-                cluster.bootstrap_kubeconfig().display().to_string(),
-                "--kubeconfig".to_owned(),
-                kubeconfig.display().to_string(),
-            ]);
-            // The agent's healthz answers only after the bootstrap: sign its CSR meanwhile.
-            let signer = cluster.clone();
-            let signed_node = node.clone();
-            std::thread::spawn(move || {
-                if let Ok(csr) = signer.wait_for_node_csr(&signed_node, Duration::from_mins(1)) {
-                    let _ = signer.sign_csr(&csr);
-                }
-            });
-        } else {
-            args.extend([
-                "--kubeconfig".to_owned(),
-                cluster.node_kubeconfig(&node)?.display().to_string(),
-            ]);
+        match options.credentials {
+            NodeCredentials::InCluster => {
+                service_account = Some(ServiceAccountFiles::write(cluster, &namespace, &node)?);
+                args.push("--in-cluster-config".to_owned());
+                env.extend([
+                    ("KUBERNETES_SERVICE_HOST".to_owned(), "127.0.0.1".to_owned()),
+                    (
+                        "KUBERNETES_SERVICE_PORT".to_owned(),
+                        crate::cluster::API_SERVER_PORT.to_string(),
+                    ),
+                ]);
+            }
+            NodeCredentials::Bootstrap => {
+                let kubeconfig =
+                    std::env::temp_dir().join(format!("ringlet-bootstrap-{node}.conf"));
+                let _ = std::fs::remove_file(&kubeconfig);
+                args.extend([
+                    "--bootstrap-kubeconfig".to_owned(),
+                    cluster.bootstrap_kubeconfig().display().to_string(),
+                    "--kubeconfig".to_owned(),
+                    kubeconfig.display().to_string(),
+                ]);
+                // The agent's healthz answers only after the bootstrap: sign its CSR meanwhile.
+                let signer = cluster.clone();
+                let signed_node = node.clone();
+                std::thread::spawn(move || {
+                    if let Ok(csr) = signer.wait_for_node_csr(&signed_node, Duration::from_mins(1))
+                    {
+                        let _ = signer.sign_csr(&csr);
+                    }
+                });
+            }
+            NodeCredentials::NodeKubeconfig => {
+                args.extend([
+                    "--kubeconfig".to_owned(),
+                    cluster.node_kubeconfig(&node)?.display().to_string(),
+                ]);
+            }
         }
         let agent = Agent::start(
             test,

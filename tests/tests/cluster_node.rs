@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use ringlet_tests::cluster::{Cluster, require_cluster, run};
-use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions, api_server_daemon};
+use ringlet_tests::cluster_node::{
+    ClusterNode, ClusterNodeOptions, NodeCredentials, api_server_daemon,
+};
 use ringlet_tests::{
     CONTAINERD_SOCKET, container_labels, container_status, containers_of_namespace, lab_containerd,
     phase, require_lab, wait_for,
@@ -469,7 +471,7 @@ fn tls_bootstrap_gets_the_node_a_client_certificate() -> Result<()> {
         test,
         &cluster,
         ClusterNodeOptions {
-            bootstrap: true,
+            credentials: NodeCredentials::Bootstrap,
             ..ClusterNodeOptions::default()
         },
     )?;
@@ -500,7 +502,7 @@ fn an_agent_in_a_pod_joins_with_its_service_account() -> Result<()> {
         test,
         &cluster,
         ClusterNodeOptions {
-            in_cluster: true,
+            credentials: NodeCredentials::InCluster,
             ..ClusterNodeOptions::default()
         },
     )?;

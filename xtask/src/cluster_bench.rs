@@ -692,12 +692,22 @@ fn refuse_pressure(node: &Node) -> Result<()> {
 /// Every bench pod must still be running when the idle window ends: one that failed (evicted,
 /// rejected) makes the round meaningless.
 async fn refuse_failed_pods(pods: &Api<Pod>, names: &[String]) -> Result<()> {
+    let listed = pods
+        .list(&ListParams::default())
+        .await
+        .context("listing the bench pods")?;
+    let mut statuses: HashMap<String, _> = listed
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                p.metadata.name.unwrap_or_default(),
+                p.status.unwrap_or_default(),
+            )
+        })
+        .collect();
     for name in names {
-        let pod = pods
-            .get(name)
-            .await
-            .with_context(|| format!("reading pod {name}"))?;
-        let status = pod.status.unwrap_or_default();
+        let status = statuses.remove(name).unwrap_or_default();
         if status.phase.as_deref() != Some("Running") {
             bail!(
                 "pod {name} is {} ({}: {}) after the idle window; the round is void",

@@ -33,8 +33,6 @@ const NAMESPACE: &str = "ringlet-bench-probes";
 const NODE: &str = "bench-probes";
 const IMAGE: &str = "docker.io/library/busybox:1.35";
 const READY_POLL: Duration = Duration::from_millis(200);
-/// How long the kubelet side waits for containerd to hold no containers of others.
-const QUIET_WAIT: Duration = Duration::from_mins(20);
 const DURATION_BUCKETS: &str = "prober_probe_duration_seconds_bucket";
 const PROBE_TOTAL: &str = "prober_probe_total";
 
@@ -165,7 +163,8 @@ pub fn probes(args: &ProbesArgs) -> Result<()> {
                 sides.push(Side::skipped("kubelet", String::new(), reason));
             }
             Ok((kubelet, version)) => {
-                wait_until_containerd_is_empty()?;
+                // The kubelet stops every pod it does not know: wait until containerd holds none.
+                benchkit::wait_until_quiet(containers_of_others)?;
                 load_before.push(("kubelet".to_owned(), loadavg()?));
                 let host = HostGuard::take()?;
                 let side = run_side(
@@ -528,25 +527,11 @@ fn loadavg() -> Result<[f64; 3]> {
     ])
 }
 
-/// The kubelet stops every pod it does not know: wait until containerd holds none.
-fn wait_until_containerd_is_empty() -> Result<()> {
-    let started = Instant::now();
-    let mut said = false;
-    loop {
-        let listing = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
-        let count = listing.lines().filter(|l| !l.trim().is_empty()).count();
-        if count == 0 {
-            return Ok(());
-        }
-        if !said {
-            println!("containerd holds {count} containers of others: waiting for it to be empty");
-            said = true;
-        }
-        if started.elapsed() > QUIET_WAIT {
-            bail!("containerd still holds {count} containers after {QUIET_WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_secs(5));
-    }
+/// Why the kubelet cannot start yet: containerd holds containers of others.
+fn containers_of_others() -> Result<Option<String>> {
+    let listing = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
+    let count = listing.lines().filter(|l| !l.trim().is_empty()).count();
+    Ok((count > 0).then(|| format!("containerd holds {count} containers of others")))
 }
 
 fn spawn_kubelet(
