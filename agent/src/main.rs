@@ -113,13 +113,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let (published_node, node) = watch::channel(None);
     let objects = api_client.as_ref().map(ApiObjects::start);
     let (probe_results, probe_updates) = ProbeResults::new();
-    let helper = node_helper(
-        &config,
-        &pod_cgroups,
-        node,
-        objects.clone(),
-        probe_results.clone(),
-    );
+    let helper = node_helper(&config, &pod_cgroups, node, objects.clone(), &probe_results);
     let runtime_manager = build_runtime(&config, engine, &recorder, helper);
     let probes = ProbeDeps {
         results: probe_results,
@@ -127,7 +121,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         runner: runtime_manager.clone(),
     };
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
-    let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
+    let streaming: Arc<dyn StreamingRuntime> = runtime_manager.clone();
     let (updates, sources_ready) = podconfig::start(
         pod_config_options(&config, api_client.clone()),
         recorder.clone(),
@@ -153,6 +147,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
             pod_cgroups: Arc::clone(&pod_cgroups),
             recorder,
             pleg_hints,
+            init_processes: runtime_manager.init_processes(),
             metrics,
             broadcaster: broadcaster.clone(),
             api: api_client.clone(),
@@ -388,7 +383,7 @@ fn node_helper(
     pod_cgroups: &Arc<PodContainerManager>,
     node: watch::Receiver<Option<Node>>,
     objects: Option<ApiObjects>,
-    probe_results: ProbeResults,
+    probe_results: &ProbeResults,
 ) -> Arc<NodeHelper> {
     Arc::new(NodeHelper {
         node_name: config.node_name.clone(),
@@ -398,7 +393,7 @@ fn node_helper(
         pod_log_root: config.kubelet.pod_logs_dir.clone(),
         pod_cgroups: Arc::clone(pod_cgroups),
         objects,
-        probe_results,
+        probe_results: probe_results.clone(),
     })
 }
 

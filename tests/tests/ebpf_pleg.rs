@@ -2,7 +2,9 @@
 //! and OOM kills reach `/pods` through kernel hints and targeted relists while the safety relist is
 //! ten minutes away; lost kernel events (a one-page ring buffer) turn into a full relist; the agent
 //! falls back to the relist PLEG, saying why, when the programs cannot load; the pins exist while it
-//! runs and go on SIGTERM; `ringlet events` streams the deaths.
+//! runs and go on SIGTERM; `ringlet events` streams the deaths. The exit of a container's init is
+//! published from the kernel, and only that: a process exec'd into the container never counts,
+//! also after an agent restart, and a restart after such an exit creates one container.
 //!
 //! Run as root after `cargo xtask lab up`, one test at a time (`--test-threads=1`): the pins under
 //! `/sys/fs/bpf/ringlet` are one per machine.
@@ -700,6 +702,203 @@ fn ringlet_events_streams_a_container_death_with_its_exit_code() -> Result<()> {
     assert_eq!(
         died["pod_uid"], pod["metadata"]["uid"],
         "the event names the pod's uid"
+    );
+    Ok(())
+}
+
+/// The containerd id of the pod's container `container` on `/pods`.
+fn container_id(pod: &Value, container: &str) -> Result<String> {
+    let id = container_status(pod, container)
+        .and_then(|c| c["containerID"].as_str())
+        .context("the container has no id on /pods")?;
+    Ok(id.trim_start_matches("containerd://").to_owned())
+}
+
+fn ctr() -> Command {
+    let mut ctr = Command::new("ctr");
+    ctr.args([
+        "--address",
+        ringlet_tests::CONTAINERD_SOCKET,
+        "-n",
+        "k8s.io",
+    ]);
+    ctr
+}
+
+/// The host pid of container `id`'s init, as containerd's task list shows it.
+fn init_pid(id: &str) -> Result<u32> {
+    let out = ctr().args(["tasks", "ls"]).output()?;
+    ensure!(out.status.success(), "ctr tasks ls failed");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let line = listing
+        .lines()
+        .find(|l| l.starts_with(id))
+        .with_context(|| format!("no task for container {id} in:\n{listing}"))?;
+    line.split_whitespace()
+        .nth(1)
+        .context("no pid column")?
+        .parse()
+        .context("pid column is not a number")
+}
+
+/// A process started in container `id` the way `kubectl exec` starts one (a runc exec through
+/// containerd): `sleep <seconds>`, with its host pid. The `ctr` client is killed with it.
+struct ExecProcess {
+    client: Child,
+    pid: u32,
+}
+
+impl ExecProcess {
+    fn start(id: &str, exec_id: &str, seconds: u32) -> Result<Self> {
+        let client = ctr()
+            .args(["tasks", "exec", "--exec-id", exec_id, id, "sleep"])
+            .arg(seconds.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let pattern = format!("^sleep {seconds}$");
+        let pid = wait_for("the exec'd process", START, || {
+            let out = Command::new("pgrep").args(["-f", &pattern]).output().ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        })?;
+        Ok(Self { client, pid })
+    }
+
+    /// SIGKILLs the process and reaps the client.
+    fn kill(mut self) -> Result<()> {
+        kill_pid(self.pid)?;
+        self.client.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for ExecProcess {
+    fn drop(&mut self) {
+        // Already dead after `kill`; only a failed test leaves it running.
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.client.kill();
+        let _ = self.client.wait();
+    }
+}
+
+fn kill_pid(pid: u32) -> Result<()> {
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -KILL {pid} failed");
+    Ok(())
+}
+
+const DIED_HINTS: &str = r#"ringlet_pleg_hints_total{kind="died"}"#;
+const KERNEL_EXITS: &str = "ringlet_pleg_kernel_exits_total";
+const KERNEL_EXITS_PENDING: &str = "ringlet_pleg_kernel_exits_pending";
+
+#[test]
+fn an_exec_process_is_never_taken_for_the_init_also_after_a_restart() -> Result<()> {
+    if !require_ebpf_lab("an_exec_process_is_never_taken_for_the_init_also_after_a_restart") {
+        return Ok(());
+    }
+    let mut agent = ebpf_agent("ebpf-exec-exit", &[])?;
+    agent.write_manifest("execd.yaml", &busybox_pod("execd", "Never", "sleep 3601"))?;
+    let pod = agent.wait_pod("execd", "running", START, |p| running(p, "main"))?;
+    let id = container_id(&pod, "main")?;
+
+    // A process exec'd into a container the agent started: not the container's first exec, not
+    // pid 1 of its namespace; its death is no container death.
+    ExecProcess::start(&id, "before-restart", 1002)?.kill()?;
+
+    // After a crash the pins (and the kernel's record of each cgroup's first exec) are new: the
+    // next exec'd process is the first the kernel sees in the container, so its exit is reported.
+    // Only the agent's proof (the init pid the runtime reports) tells it from the init.
+    agent.restart()?;
+    agent.wait_pod("execd", "running after the restart", START, |p| {
+        running(p, "main")
+    })?;
+    let died_before = agent.metric(DIED_HINTS)?;
+    let mark = agent.log().len();
+    ExecProcess::start(&id, "after-restart", 1003)?.kill()?;
+    wait_for("the exec'd process's exit hint", HINTED, || {
+        (agent.metric(DIED_HINTS).ok()? > died_before).then_some(())
+    })
+    .with_context(|| pleg_log(&agent, "execd"))?;
+    // The runtime keeps reporting the container running, so the PLEG reads it until it gives up.
+    wait_for("the PLEG to stop waiting for the runtime", HINTED, || {
+        agent.log()[mark..]
+            .contains("the runtime still misses container starts or exits")
+            .then_some(())
+    })
+    .with_context(|| pleg_log(&agent, "execd"))?;
+    assert_eq!(
+        agent.metric(KERNEL_EXITS)?,
+        0,
+        "an exec'd process's exit was published as the container's"
+    );
+    let pod = agent.pod("execd").context("the pod left /pods")?;
+    assert!(running(&pod, "main"), "{}", pod["status"]);
+
+    // The init's own exit is published from the kernel.
+    kill_pid(init_pid(&id)?)?;
+    let pod = agent
+        .wait_pod("execd", "terminated", HINTED, |p| {
+            terminated(p, "main").is_some()
+        })
+        .with_context(|| pleg_log(&agent, "execd"))?;
+    let main = terminated(&pod, "main").cloned().unwrap_or_default();
+    assert_eq!(main["exitCode"], 137, "{main}");
+    assert_eq!(main["reason"], "Error", "{main}");
+    assert_eq!(agent.metric(KERNEL_EXITS)?, 1);
+    Ok(())
+}
+
+#[test]
+fn a_restart_after_a_kernel_published_exit_creates_one_container() -> Result<()> {
+    if !require_ebpf_lab("a_restart_after_a_kernel_published_exit_creates_one_container") {
+        return Ok(());
+    }
+    let agent = ebpf_agent("ebpf-restart-once", &[])?;
+    agent.write_manifest("again.yaml", &busybox_pod("again", "Always", "sleep 3604"))?;
+    let pod = agent.wait_pod("again", "running", START, |p| running(p, "main"))?;
+    let id = container_id(&pod, "main")?;
+
+    kill_pid(init_pid(&id)?)?;
+    let pod = agent
+        .wait_pod("again", "restarted", HINTED, |p| {
+            running(p, "main")
+                && container_status(p, "main").is_some_and(|c| c["restartCount"] == 1)
+        })
+        .with_context(|| pleg_log(&agent, "again"))?;
+    let last = &container_status(&pod, "main").context("no status")?["lastState"]["terminated"];
+    assert_eq!(last["exitCode"], 137, "{last}");
+    assert_eq!(agent.metric(KERNEL_EXITS)?, 1);
+    // Once containerd has reported the old container's exit too, there is still exactly one new
+    // container: the kernel's exit and the runtime's were one death.
+    wait_for("containerd to report the exit", HINTED, || {
+        (agent.metric(KERNEL_EXITS_PENDING).ok()? == 0).then_some(())
+    })
+    .with_context(|| pleg_log(&agent, "again"))?;
+    let containers = ringlet_tests::containers_of_node(&agent.node)?;
+    assert_eq!(
+        containers.len(),
+        3,
+        "the sandbox, the dead container and one new one: {containers:?}"
+    );
+    let pod = agent.pod("again").context("the pod left /pods")?;
+    assert_eq!(
+        container_status(&pod, "main").map(|c| c["restartCount"].clone()),
+        Some(Value::from(1))
+    );
+    assert_eq!(
+        agent.metric("ringlet_pleg_kernel_runtime_mismatch_total")?,
+        0
     );
     Ok(())
 }

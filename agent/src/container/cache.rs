@@ -65,6 +65,19 @@ impl PodCache {
         self.changed.notify_waiters();
     }
 
+    /// Replaces a cached pod's status without making its entry fresher: what the agent learned
+    /// besides the runtime (an exit the kernel reported) on top of the last read. A worker whose
+    /// own last sync is newer than that read still waits for the next one, so it never acts on a
+    /// status that misses what it just did. Does nothing for a pod not cached.
+    pub fn amend(&self, status: PodStatus) {
+        let mut state = self.lock();
+        if let Some(entry) = state.pods.get_mut(&status.uid) {
+            entry.status = Arc::new(status);
+        }
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
     /// The cached status of a pod, if the runtime has been read for it.
     pub fn get(&self, uid: &PodUid) -> Option<Arc<PodStatus>> {
         self.lock().pods.get(uid).map(|e| Arc::clone(&e.status))
@@ -152,6 +165,37 @@ mod tests {
         cache.set(status("a", "new"), Instant::now());
         let got = waiter.await.unwrap();
         assert_eq!(got.name, "new");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_amended_status_is_no_fresher_than_the_read_it_amends() {
+        let cache = Arc::new(PodCache::new());
+        let read = Instant::now();
+        cache.set(status("a", "read"), read);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let synced = Instant::now();
+        cache.amend(status("a", "amended"));
+        cache.amend(status("unknown", "ignored"));
+        assert!(cache.get(&PodUid::from("unknown")).is_none());
+        let uid = PodUid::from("a");
+        let early = cache.get_newer_than(&uid, Some(read - Duration::from_millis(1)));
+        assert_eq!(
+            early.await.name,
+            "amended",
+            "a worker that synced before the read"
+        );
+        let waiter = tokio::spawn({
+            let cache = Arc::clone(&cache);
+            async move { cache.get_newer_than(&PodUid::from("a"), Some(synced)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "a worker that synced after the read waits for a new one"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.set(status("a", "reread"), Instant::now());
+        assert_eq!(waiter.await.unwrap().name, "reread");
     }
 
     #[tokio::test(start_paused = true)]

@@ -289,6 +289,13 @@ pub trait Runtime: Send + Sync + 'static {
         namespace: &str,
     ) -> Result<PodStatus, RuntimeError>;
 
+    /// The pid (initial pid namespace) of a container's init as the runtime reports it (CRI
+    /// verbose `ContainerStatus`); `None` when the runtime does not say.
+    async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {
+        let _ = id;
+        Ok(None)
+    }
+
     /// Moves the pod's sandbox and containers one step towards the spec (the kubelet's
     /// `kubeGenericRuntimeManager.SyncPod`).
     async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult;

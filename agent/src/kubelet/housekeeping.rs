@@ -1,7 +1,10 @@
 //! Housekeeping (the kubelet's `HandlePodCleanups` plus container GC): forget finished workers, drop
 //! orphaned statuses, stop runtime pods no source wants, remove dead containers and sandboxes, and
-//! remove pod cgroups and pod directories (volumes unmounted) nothing uses. Runs only once every source is ready, so a slow source never gets
-//! its pods killed.
+//! remove pod cgroups and pod directories (volumes unmounted) nothing uses. Runs only once every
+//! source is ready, so a slow source never gets its pods killed. The running pods come from the
+//! PLEG's view, not from listing the runtime; the cleanup that lists the runtime and walks the pod
+//! directories and cgroups runs when something died or went away, and in relist mode also once a
+//! minute (in ebpf mode the kernel reports every death, so an idle node costs nothing).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,18 +14,20 @@ use tokio::time::Instant;
 
 use crate::cm::PodContainerManager;
 use crate::container::{PodUid, Runtime};
-use crate::pleg::LatencyTracker;
+use crate::pleg::{LatencyTracker, PlegHandle, PlegMode};
 use crate::pod_workers::PodWorkers;
 use crate::status::StatusManager;
 use crate::volumes::VolumeManager;
 
 use super::PodManager;
 
-/// Container GC runs at least this often (the kubelet's 1 min), and sooner when asked.
+/// In relist mode container GC runs at least this often (the kubelet's 1 min), and sooner when
+/// asked.
 const GC_PERIOD: Duration = Duration::from_mins(1);
 
 pub struct Housekeeping {
     runtime: Arc<dyn Runtime>,
+    pleg: PlegHandle,
     pod_cgroups: Arc<PodContainerManager>,
     volumes: VolumeManager,
     max_dead_containers_per_container: usize,
@@ -35,12 +40,14 @@ pub struct Housekeeping {
 impl Housekeeping {
     pub fn new(
         runtime: Arc<dyn Runtime>,
+        pleg: PlegHandle,
         pod_cgroups: Arc<PodContainerManager>,
         volumes: VolumeManager,
         max_dead_containers_per_container: usize,
     ) -> Self {
         Self {
             runtime,
+            pleg,
             pod_cgroups,
             volumes,
             max_dead_containers_per_container,
@@ -62,9 +69,16 @@ impl Housekeeping {
         status: &StatusManager,
         latency: &LatencyTracker,
     ) {
+        let periodic_gc_due = self.pleg.mode() == PlegMode::Relist
+            && self.last_gc.is_none_or(|t| t.elapsed() >= GC_PERIOD);
+        let cleanup = self.gc_requested || periodic_gc_due;
         // Listed before the pods wanted are read: a directory that exists now belongs to a pod the
         // pod manager already knows, unless that pod is gone.
-        let pod_dirs = self.volumes.pod_dirs().await;
+        let pod_dirs = if cleanup {
+            self.volumes.pod_dirs().await
+        } else {
+            Vec::new()
+        };
         let desired = pods.uids();
         if !workers.forget_finished(&desired).is_empty() {
             // A pod finished terminating: its dead containers and sandbox can go now.
@@ -75,28 +89,21 @@ impl Housekeeping {
         status.remove_orphans(&keep);
         latency.retain(&keep);
 
-        let running = match self.runtime.get_pods(false).await {
-            Ok(running) => running,
-            Err(err) => {
-                tracing::warn!(%err, "housekeeping: cannot list running pods");
-                return;
-            }
-        };
+        let running = self.pleg.running_pods();
         for orphan in running.iter().filter(|p| !keep.contains(&p.uid)) {
             self.kill_orphan(orphan.clone());
         }
-
-        let gc_due = self.last_gc.is_none_or(|t| t.elapsed() >= GC_PERIOD);
-        if self.gc_requested || gc_due {
-            self.gc_requested = false;
-            self.last_gc = Some(Instant::now());
-            if let Err(err) = self
-                .runtime
-                .garbage_collect(self.max_dead_containers_per_container, &keep)
-                .await
-            {
-                tracing::warn!(%err, "container garbage collection failed");
-            }
+        if !cleanup {
+            return;
+        }
+        self.gc_requested = false;
+        self.last_gc = Some(Instant::now());
+        if let Err(err) = self
+            .runtime
+            .garbage_collect(self.max_dead_containers_per_container, &keep)
+            .await
+        {
+            tracing::warn!(%err, "container garbage collection failed");
         }
 
         let in_runtime: HashSet<&PodUid> = running.iter().map(|p| &p.uid).collect();

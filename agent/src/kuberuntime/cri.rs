@@ -346,6 +346,17 @@ impl CriClient {
         })
     }
 
+    /// The container's init pid from the verbose status: containerd's `info` entry is JSON with a
+    /// `pid` field. `None` when the runtime reports no (or no positive) pid.
+    pub async fn container_pid(&self, id: &str) -> Result<Option<u32>, CriError> {
+        let request = cri::ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: true,
+        };
+        let response = call!(self, runtime, container_status, "ContainerStatus", request)?;
+        Ok(response.info.get("info").and_then(|info| verbose_pid(info)))
+    }
+
     /// Runs `cmd` in a container and waits up to `timeout` for it (plus the call deadline).
     pub async fn exec_sync(
         &self,
@@ -450,6 +461,13 @@ fn image_spec(image: &str) -> cri::ImageSpec {
     }
 }
 
+/// The `pid` of a verbose `ContainerStatus`'s `info` JSON (containerd's layout; CRI-O's too).
+fn verbose_pid(info: &str) -> Option<u32> {
+    let info: serde_json::Value = serde_json::from_str(info).ok()?;
+    let pid = u32::try_from(info.get("pid")?.as_u64()?).ok()?;
+    (pid > 0).then_some(pid)
+}
+
 /// The socket path of a `unix://` endpoint; a bare absolute path is accepted as well.
 fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
     let path = endpoint
@@ -468,6 +486,17 @@ fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_verbose_info_names_the_init_pid() {
+        assert_eq!(
+            verbose_pid(r#"{"sandboxID":"abc","pid":4242,"removing":false}"#),
+            Some(4242)
+        );
+        assert_eq!(verbose_pid(r#"{"pid":0}"#), None, "not started");
+        assert_eq!(verbose_pid(r#"{"sandboxID":"abc"}"#), None);
+        assert_eq!(verbose_pid("not json"), None);
+    }
 
     #[test]
     fn endpoints_resolve_to_socket_paths() {

@@ -33,7 +33,7 @@ pub use cri::{CriClient, CriError};
 pub(crate) use resource_field::resource_field_value;
 
 use crate::container::{
-    ContainerId, ImageInfo, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
+    ContainerId, ImageInfo, InitProcesses, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
     RuntimeCondition, RuntimeError, RuntimeStatus,
 };
 use crate::events::{EventObject, EventType, Recorder};
@@ -93,6 +93,8 @@ pub struct RuntimeSettings {
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub backoff_reset: Duration,
+    /// Where the manager notes the containers it starts, so the PLEG can prove their init.
+    pub init_processes: InitProcesses,
 }
 
 impl Default for RuntimeSettings {
@@ -104,6 +106,7 @@ impl Default for RuntimeSettings {
             backoff_initial: backoff::INITIAL,
             backoff_max: backoff::MAX,
             backoff_reset: backoff::RESET_AFTER,
+            init_processes: InitProcesses::default(),
         }
     }
 }
@@ -142,6 +145,11 @@ impl KubeGenericRuntimeManager {
             recorder,
             settings,
         }
+    }
+
+    /// Where the manager notes the containers it starts, for the PLEG to prove their init.
+    pub fn init_processes(&self) -> InitProcesses {
+        self.settings.init_processes.clone()
     }
 
     /// The underlying CRI client (for exec probes, logs and image GC).
@@ -208,6 +216,10 @@ impl Runtime for KubeGenericRuntimeManager {
         namespace: &str,
     ) -> Result<PodStatus, RuntimeError> {
         Ok(self.pod_status(uid, name, namespace).await?)
+    }
+
+    async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {
+        Ok(self.cri.container_pid(id.as_str()).await?)
     }
 
     async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult {

@@ -26,6 +26,7 @@ use crate::container::{
 };
 use crate::events::{EventObject, EventType};
 use crate::lifecycle::{HookTarget, run_handler};
+use crate::pleg::monotonic_now_ns;
 use crate::volumes::PodVolumes;
 
 /// Grace period when neither the pod nor the caller gives one.
@@ -508,6 +509,9 @@ impl KubeGenericRuntimeManager {
             "Created",
             format!("Created container {}", container.name),
         );
+        self.settings
+            .init_processes
+            .starting(&ContainerId::from(id.as_str()), monotonic_now_ns());
         if let Err(e) = self.cri.start_container(&id).await {
             let message = format!("Error: {e}");
             self.event(object(), EventType::Warning, "Failed", message.clone());

@@ -231,6 +231,9 @@ struct Inner {
     hints: IntCounterVec,
     relists: IntCounterVec,
     ring_buffer_drops: IntCounter,
+    kernel_exits: IntCounter,
+    kernel_exits_pending: IntGauge,
+    kernel_runtime_mismatch: IntCounter,
     pleg_mode: IntGaugeVec,
     io_engine: IntGaugeVec,
 }
@@ -401,6 +404,32 @@ impl Metrics {
                     "Events the eBPF programs could not reserve ring-buffer space for.",
                 ),
             )?,
+            kernel_exits: register(
+                r,
+                "ringlet_pleg_kernel_exits_total",
+                IntCounter::new(
+                    "ringlet_pleg_kernel_exits_total",
+                    "Container exits the PLEG published from the kernel (the exit of the \
+                     container's proven init) before the runtime reported them.",
+                ),
+            )?,
+            kernel_exits_pending: register(
+                r,
+                "ringlet_pleg_kernel_exits_pending",
+                IntGauge::new(
+                    "ringlet_pleg_kernel_exits_pending",
+                    "Kernel-published exits the runtime has not reported yet.",
+                ),
+            )?,
+            kernel_runtime_mismatch: register(
+                r,
+                "ringlet_pleg_kernel_runtime_mismatch_total",
+                IntCounter::new(
+                    "ringlet_pleg_kernel_runtime_mismatch_total",
+                    "Kernel-published exits the runtime disagreed with: another exit code, or the \
+                     container still running past the grace period (the exit is then withdrawn).",
+                ),
+            )?,
             pleg_mode: int_gauge_vec(
                 r,
                 "ringlet_pleg_mode",
@@ -535,6 +564,24 @@ impl Metrics {
     /// How long the runtime lagged behind a kernel-reported exit (`ringlet_pleg_runtime_lag_seconds`).
     pub fn observe_runtime_lag(&self, lag: Duration) {
         self.inner.runtime_lag.observe(lag.as_secs_f64());
+    }
+
+    /// One exit published from the kernel (`ringlet_pleg_kernel_exits_total`).
+    pub fn inc_kernel_exits_published(&self) {
+        self.inner.kernel_exits.inc();
+    }
+
+    /// Kernel-published exits waiting for the runtime (`ringlet_pleg_kernel_exits_pending`).
+    pub fn set_kernel_exits_pending(&self, pending: usize) {
+        self.inner
+            .kernel_exits_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
+
+    /// One disagreement of the runtime with a kernel-published exit
+    /// (`ringlet_pleg_kernel_runtime_mismatch_total`).
+    pub fn inc_kernel_runtime_mismatch(&self) {
+        self.inner.kernel_runtime_mismatch.inc();
     }
 
     /// One hint received (`ringlet_pleg_hints_total{kind}`).

@@ -20,6 +20,9 @@ const EXPECTED: &[(&str, &str)] = &[
     ("ringlet_pleg_hints_total", "counter"),
     ("ringlet_pleg_relists_total", "counter"),
     ("ringlet_ebpf_ring_buffer_drops_total", "counter"),
+    ("ringlet_pleg_kernel_exits_total", "counter"),
+    ("ringlet_pleg_kernel_exits_pending", "gauge"),
+    ("ringlet_pleg_kernel_runtime_mismatch_total", "counter"),
     ("ringlet_pleg_mode", "gauge"),
 ];
 

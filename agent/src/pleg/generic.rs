@@ -5,7 +5,9 @@
 //! In ebpf mode it also takes [`Hint`]s: each hint queues a targeted relist of its pod, which reads
 //! only that pod's status, diffs it against the pod's record and emits the events and the cache update
 //! the same way; a full relist then only runs as the safety net (every relist period, and at once on
-//! `Hint::Resync` or a hint for a pod it does not know). Hints never write the cache themselves.
+//! `Hint::Resync` or a hint for a pod it does not know). The one hint that writes the cache itself is
+//! the exit of a container's proven init: `ContainerDied` goes out at once and the exit overlays the
+//! runtime's reads until the runtime reports it (see `kernel_exits`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -16,14 +18,16 @@ use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::time::Instant;
 
 use super::health::Shared;
+use super::kernel_exits::{KernelExits, Reconciled};
 use super::latency::LatencyTracker;
 use super::queue::{HintQueue, Settled};
 use super::{
     DEFAULT_RELIST_PERIOD, EVENT_CHANNEL_CAPACITY, Hint, HintKind, PlegError, PlegHandle, PlegMode,
-    PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
+    PodHint, PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
 };
 use crate::container::{
-    ContainerId, ContainerState, PodCache, PodUid, RunningPod, Runtime, SandboxState,
+    ContainerId, ContainerState, InitProcesses, PodCache, PodStatus, PodUid, RunningPod, Runtime,
+    SandboxState,
 };
 use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::{HintLabel, Metrics, RelistType};
@@ -57,6 +61,8 @@ pub struct PlegOptions {
     pub latency: LatencyTracker,
     /// Where `ringlet events` watchers get every event the PLEG sends.
     pub broadcaster: EventBroadcaster,
+    /// The containers' proven init processes, shared with the runtime manager that starts them.
+    pub init_processes: InitProcesses,
 }
 
 /// What the idle PLEG woke up for.
@@ -84,6 +90,8 @@ pub struct GenericPleg {
     metrics: Metrics,
     latency: LatencyTracker,
     broadcaster: EventBroadcaster,
+    init_processes: InitProcesses,
+    kernel_exits: KernelExits,
 }
 
 impl GenericPleg {
@@ -119,6 +127,8 @@ impl GenericPleg {
             metrics: options.metrics,
             latency: options.latency,
             broadcaster: options.broadcaster,
+            init_processes: options.init_processes,
+            kernel_exits: KernelExits::default(),
         };
         let threshold = RELIST_THRESHOLD.max(pleg.relist_period * 2);
         (pleg, PlegHandle::new(shared, threshold), receiver)
@@ -203,8 +213,13 @@ impl GenericPleg {
         match hint {
             Hint::Pod(hint) => {
                 self.metrics.inc_hint(HintLabel::Pod(hint.kind));
-                tracing::trace!(pod = %hint.pod, kind = ?hint.kind, container = ?hint.container, "pleg hint");
+                tracing::trace!(pod = %hint.pod, kind = ?hint.kind, container = ?hint.container,
+                    tgid = ?hint.tgid, "pleg hint");
+                let proven_exit = self.learn_from(&hint).then(|| hint.clone());
                 self.queue.push(hint);
+                if let Some(exit) = proven_exit {
+                    self.publish_kernel_exit(&exit);
+                }
             }
             Hint::Refresh { pod } => {
                 self.metrics.inc_hint(HintLabel::Refresh);
@@ -214,6 +229,106 @@ impl GenericPleg {
                 self.metrics.inc_hint(HintLabel::Resync);
                 tracing::info!(%reason, "hint source asked for a full relist");
                 self.full_relist_requested = true;
+            }
+        }
+    }
+
+    /// Takes what a hint proves about a container's init; returns whether the hint is the exit of
+    /// the container's proven init.
+    fn learn_from(&mut self, hint: &PodHint) -> bool {
+        let Some(container) = &hint.container else {
+            return false;
+        };
+        match (hint.kind, hint.tgid) {
+            (HintKind::Started, Some(tgid)) => {
+                self.init_processes
+                    .first_exec(container, tgid, hint.kernel_time_ns);
+                false
+            }
+            (HintKind::OomKilled, _) => {
+                self.kernel_exits
+                    .oom_victim(container.clone(), Instant::now());
+                false
+            }
+            (HintKind::Died, Some(tgid)) => self.init_processes.is_init(container, tgid),
+            _ => false,
+        }
+    }
+
+    /// The kernel reported the exit of a container's proven init: the cache shows the container
+    /// exited and `ContainerDied` goes out now, before the runtime has noticed. The targeted relist
+    /// the hint queued still reads the runtime, whose record later replaces the kernel's.
+    fn publish_kernel_exit(&mut self, hint: &PodHint) {
+        let Some(cached) = self.cache.get(&hint.pod) else {
+            return;
+        };
+        let mut status = PodStatus::clone(&cached);
+        let now = Instant::now();
+        if !self.kernel_exits.publish(hint, &mut status, now) {
+            return;
+        }
+        self.cache.amend(status);
+        if let Some(record) = self.records.get_mut(&hint.pod).and_then(|r| r.old.as_mut()) {
+            // The runtime's later report of this exit is then no second event.
+            self.kernel_exits.overlay_listing(record, now);
+        }
+        self.metrics.inc_kernel_exits_published();
+        self.metrics
+            .set_kernel_exits_pending(self.kernel_exits.pending());
+        self.send(PodLifecycleEvent {
+            pod: hint.pod.clone(),
+            kind: PodLifecycleEventKind::ContainerDied,
+            container: hint.container.clone(),
+        });
+    }
+
+    /// Overlays a runtime read of a pod with the kernel's exits and acts on the ones it settles.
+    fn overlay_kernel_exits(&mut self, status: &mut PodStatus, now: Instant) {
+        let settled = self.kernel_exits.overlay(status, now);
+        self.metrics
+            .set_kernel_exits_pending(self.kernel_exits.pending());
+        for settled in settled {
+            match settled {
+                Reconciled::Confirmed {
+                    container,
+                    kernel_exit_code,
+                    runtime_exit_code,
+                } => {
+                    if kernel_exit_code != runtime_exit_code {
+                        self.metrics.inc_kernel_runtime_mismatch();
+                        tracing::warn!(pod = %status.uid, %container, kernel_exit_code, runtime_exit_code,
+                            "the runtime reports another exit code than the kernel did; the runtime's stands");
+                    }
+                }
+                Reconciled::Withdrawn { container, waited } => {
+                    self.metrics.inc_kernel_runtime_mismatch();
+                    tracing::warn!(pod = %status.uid, %container, ?waited,
+                        "the runtime still reports running a container whose init the kernel saw exit; withdrawing the kernel's exit and relisting everything");
+                    self.full_relist_requested = true;
+                }
+            }
+        }
+    }
+
+    /// Reads the init pid the runtime reports for every running container of `pods` whose init is
+    /// not known yet (adopted after a restart, or started while a hint was lost); ebpf mode only.
+    async fn learn_inits<'a>(&self, pods: impl IntoIterator<Item = &'a RunningPod>) {
+        if self.hints.is_none() {
+            return;
+        }
+        let unknown: Vec<ContainerId> = pods
+            .into_iter()
+            .flat_map(|pod| &pod.containers)
+            .filter(|c| c.state == ContainerState::Running)
+            .filter(|c| !self.init_processes.settled(&c.id))
+            .map(|c| c.id.clone())
+            .collect();
+        for id in unknown {
+            match self.runtime.container_init_pid(&id).await {
+                Ok(pid) => self.init_processes.reported(&id, pid),
+                Err(error) => {
+                    tracing::debug!(container = %id, %error, "cannot read the container's init pid");
+                }
             }
         }
     }
@@ -260,7 +375,8 @@ impl GenericPleg {
         for record in self.records.values_mut() {
             record.current = None;
         }
-        for pod in pods {
+        for mut pod in pods {
+            self.kernel_exits.overlay_listing(&mut pod, start);
             let uid = pod.uid.clone();
             self.records.entry(uid).or_default().current = Some(pod);
         }
@@ -294,8 +410,9 @@ impl GenericPleg {
             let pod = self
                 .records
                 .get(&uid)
-                .and_then(|record| record.current.as_ref().or(record.old.as_ref()));
-            if let Err(error) = self.update_cache(&uid, pod, start).await {
+                .and_then(|record| record.current.as_ref().or(record.old.as_ref()))
+                .cloned();
+            if let Err(error) = self.update_cache(&uid, pod.as_ref(), start).await {
                 tracing::warn!(pod = %uid, error = %error, cause = %source_of(&error),
                     "re-inspecting pod failed");
                 needs_reinspection.insert(uid);
@@ -305,7 +422,27 @@ impl GenericPleg {
         self.cache.update_time(start);
         self.reinspect = needs_reinspection;
         self.first_relist_done = true;
+        self.shared
+            .set_running_pods(self.records.values().filter_map(|r| r.old.as_ref()));
         self.update_running_metrics();
+        self.kernel_exits.expire_oom_facts(start);
+        let records = &self.records;
+        self.kernel_exits
+            .retain_pods(|uid| records.contains_key(uid));
+        self.metrics
+            .set_kernel_exits_pending(self.kernel_exits.pending());
+        let listed: Vec<RunningPod> = self
+            .records
+            .values()
+            .filter_map(|r| r.old.clone())
+            .collect();
+        let present: HashSet<&ContainerId> = listed
+            .iter()
+            .flat_map(|p| p.containers.iter().map(|c| &c.id))
+            .collect();
+        self.init_processes
+            .retain(|id| present.contains(id), super::monotonic_now_ns());
+        self.learn_inits(&listed).await;
     }
 
     /// Re-reads one pod a hint named, diffs it against its record and emits the events and the cache
@@ -330,7 +467,7 @@ impl GenericPleg {
         };
         let start = Instant::now();
         self.metrics.inc_relist(RelistType::Targeted);
-        let status = match self.runtime.get_pod_status(uid, &name, &namespace).await {
+        let mut status = match self.runtime.get_pod_status(uid, &name, &namespace).await {
             Ok(status) => status,
             Err(source) => {
                 let error = PlegError::InspectPod {
@@ -349,10 +486,9 @@ impl GenericPleg {
         self.record_activity(start);
         self.reinspect.remove(uid);
 
-        let current = status.to_running_pod();
-        let current =
-            (!current.sandboxes.is_empty() || !current.containers.is_empty()).then_some(current);
-        let seen = states(current.as_ref());
+        // What the runtime itself reports decides whether it lags; what the pod shows includes the
+        // kernel's exits it has not reported yet.
+        let seen = states(Some(&status.to_running_pod()));
         let lagging: Vec<ContainerId> = self
             .queue
             .expected_changes(uid)
@@ -360,6 +496,10 @@ impl GenericPleg {
             .filter(|(kind, c)| runtime_lags(*kind, seen.get(c).copied()))
             .map(|(_, c)| c)
             .collect();
+        self.overlay_kernel_exits(&mut status, start);
+        let current = status.to_running_pod();
+        let current =
+            (!current.sandboxes.is_empty() || !current.containers.is_empty()).then_some(current);
 
         let changed = self.cache.get(uid).is_none_or(|cached| *cached != status);
         let old = self.records.get(uid).and_then(|record| record.old.as_ref());
@@ -399,7 +539,12 @@ impl GenericPleg {
                 self.full_relist_requested = true;
             }
         }
+        self.shared
+            .set_running_pod(uid, self.records.get(uid).and_then(|r| r.old.as_ref()));
         self.update_running_metrics();
+        if let Some(pod) = self.records.get(uid).and_then(|r| r.old.clone()) {
+            self.learn_inits([&pod]).await;
+        }
     }
 
     /// Diffs one pod's record; when anything changed (or `force`), reads the pod's status into the
@@ -416,13 +561,13 @@ impl GenericPleg {
             Some(record) => compute_pod_events(uid, record.old.as_ref(), record.current.as_ref()),
             None => return Ok(false),
         };
-        let inspect = !events.is_empty() || force;
+        let inspect = !events.is_empty() || force || self.kernel_exits.covers(uid);
         if inspect {
             let pod = self
                 .records
                 .get(uid)
-                .and_then(|record| record.current.as_ref());
-            self.update_cache(uid, pod, read_at).await?;
+                .and_then(|record| record.current.clone());
+            self.update_cache(uid, pod.as_ref(), read_at).await?;
         }
         self.advance_record(uid);
         for event in events {
@@ -436,7 +581,7 @@ impl GenericPleg {
     /// Reads the pod's full status into the cache, or forgets the pod when the runtime no longer has
     /// it.
     async fn update_cache(
-        &self,
+        &mut self,
         uid: &PodUid,
         pod: Option<&RunningPod>,
         read_at: Instant,
@@ -445,7 +590,7 @@ impl GenericPleg {
             self.cache.delete(uid);
             return Ok(());
         };
-        let status = self
+        let mut status = self
             .runtime
             .get_pod_status(uid, &pod.name, &pod.namespace)
             .await
@@ -455,6 +600,7 @@ impl GenericPleg {
                 namespace: pod.namespace.clone(),
                 source,
             })?;
+        self.overlay_kernel_exits(&mut status, read_at);
         self.cache.set(status, read_at);
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! `GenericPLEG.Healthy`). Any successful relist, full or targeted, counts as activity; in ebpf mode
 //! the safety relist guarantees one per relist period.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,12 +11,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::PlegMode;
+use crate::container::{PodUid, RunningPod};
 
 pub(super) struct Shared {
     last_relist: Mutex<Option<Instant>>,
     last_full_relist: Mutex<Option<Instant>>,
     discarded_events: AtomicU64,
     mode: Mutex<PlegMode>,
+    /// The live part (ready sandboxes, containers not exited) of every pod as last read.
+    running: Mutex<HashMap<PodUid, RunningPod>>,
 }
 
 impl Shared {
@@ -25,7 +29,31 @@ impl Shared {
             last_full_relist: Mutex::new(None),
             discarded_events: AtomicU64::new(0),
             mode: Mutex::new(mode),
+            running: Mutex::default(),
         }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, RunningPod>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records one pod as last read (`None`: gone).
+    pub(super) fn set_running_pod(&self, uid: &PodUid, pod: Option<&RunningPod>) {
+        match pod.map(live_part).filter(is_live) {
+            Some(live) => self.running().insert(uid.clone(), live),
+            None => self.running().remove(uid),
+        };
+    }
+
+    /// Records every pod as a full relist read them.
+    pub(super) fn set_running_pods<'a>(&self, pods: impl IntoIterator<Item = &'a RunningPod>) {
+        let live = pods
+            .into_iter()
+            .map(live_part)
+            .filter(is_live)
+            .map(|pod| (pod.uid.clone(), pod))
+            .collect();
+        *self.running() = live;
     }
 
     pub(super) fn set_mode(&self, mode: PlegMode) {
@@ -106,10 +134,29 @@ impl PlegHandle {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The pods with a ready sandbox or a container that has not exited, as the PLEG last read them
+    /// (what `Runtime::get_pods(false)` would list, without asking the runtime).
+    pub fn running_pods(&self) -> Vec<RunningPod> {
+        self.shared.running().values().cloned().collect()
+    }
+
     /// Events dropped because the event channel was full (`kubelet_pleg_discard_events`).
     pub fn discarded_events(&self) -> u64 {
         self.shared.discarded_events.load(Ordering::Relaxed)
     }
+}
+
+fn live_part(pod: &RunningPod) -> RunningPod {
+    let mut live = pod.clone();
+    live.sandboxes
+        .retain(|s| s.state == crate::container::SandboxState::Ready);
+    live.containers
+        .retain(|c| c.state != crate::container::ContainerState::Exited);
+    live
+}
+
+fn is_live(pod: &RunningPod) -> bool {
+    !pod.sandboxes.is_empty() || !pod.containers.is_empty()
 }
 
 /// Formats a duration the way Go's `time.Duration.String` does for durations of a second or more

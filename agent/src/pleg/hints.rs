@@ -1,7 +1,8 @@
-//! Hints: what a hint source (the eBPF ring-buffer reader) tells the PLEG. A hint never writes the
-//! pod cache; it only makes the PLEG re-read one pod from the runtime (a targeted relist), or, for
-//! `Resync`, everything. Corresponds to nothing in the kubelet: upstream's Evented PLEG wrote the
-//! cache from runtime events, which is what this design avoids.
+//! Hints: what a hint source (the eBPF ring-buffer reader) tells the PLEG. A hint makes the PLEG
+//! re-read one pod from the runtime (a targeted relist), or, for `Resync`, everything; only a `Died`
+//! hint whose process is the container's proven init also writes the pod cache (the kernel knows
+//! that death first). Corresponds to nothing in the kubelet: upstream's Evented PLEG wrote the cache
+//! from every runtime event, which is what this design avoids.
 
 use tokio::sync::mpsc;
 
@@ -30,6 +31,9 @@ pub struct PodHint {
     pub kind: HintKind,
     /// The container (or sandbox) id when the cgroup path names it.
     pub container: Option<ContainerId>,
+    /// The process (thread group) the kernel event is about, in the initial pid namespace; `None`
+    /// for cgroup events.
+    pub tgid: Option<u32>,
     /// For `Died`: the exit code (`status >> 8`) and the terminating signal (`status & 0x7f`).
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,

@@ -5,12 +5,15 @@
 //! The relister is the authority: only it reads the runtime and writes the pod cache. It runs in one
 //! of two modes ([`PlegMode`]): `relist` (the kubelet's: every pod, every second) or `ebpf`, where
 //! [`Hint`]s from the kernel make it re-read just the pod they name (a targeted relist, coalesced per
-//! pod) and a slow full relist stays on as the safety net. Its health and mode are exposed through a
+//! pod) and a slow full relist stays on as the safety net. One kernel fact is taken as it is: the
+//! exit of a container's proven init ([`crate::container::InitProcesses`]) is published at once and
+//! overlays the runtime's reads until the runtime reports it too. Its health and mode are exposed through a
 //! cloneable [`PlegHandle`] so the sync loop can stall when the PLEG falls behind.
 
 mod generic;
 mod health;
 mod hints;
+mod kernel_exits;
 mod latency;
 mod queue;
 
@@ -69,6 +72,10 @@ impl std::fmt::Display for PlegMode {
 /// in both modes; a relist period longer than half of it raises the threshold to twice the period,
 /// so an idle node with a long safety period stays healthy.
 pub const RELIST_THRESHOLD: Duration = Duration::from_mins(3);
+
+/// How long a kernel-published exit overlays a runtime that still reports the container running
+/// before the overlay is withdrawn (and the runtime trusted again).
+pub const KERNEL_EXIT_GRACE: Duration = Duration::from_secs(3);
 
 /// What happened to a container (or sandbox) of a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -12,14 +12,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{HintKind, PodHint, PodLifecycleEventKind};
+use super::{HintKind, KERNEL_EXIT_GRACE, PodHint, PodLifecycleEventKind};
 use crate::container::{ContainerId, PodUid};
 
-/// Lag retries after the first read: waits of 1, 2, 4, … 512 ms, about 1 s in all.
-const MAX_LAG_RETRIES: u32 = 10;
+/// Lag retries after the first read wait 1, 2, 4, … 128 ms, then 128 ms each, until the runtime
+/// has lagged [`KERNEL_EXIT_GRACE`]: as long as a kernel-published exit may overlay it.
+const LAG_RETRY_DOUBLINGS: u32 = 7;
 
 fn lag_retry_delay(attempt: u32) -> Duration {
-    Duration::from_millis(1 << attempt.min(MAX_LAG_RETRIES))
+    Duration::from_millis(1 << attempt.min(LAG_RETRY_DOUBLINGS))
 }
 
 /// A pod whose runtime lags behind a kernel-reported start or exit.
@@ -48,7 +49,7 @@ pub(super) enum Settled {
     Done { lag: Option<Duration> },
     /// The runtime still misses a reported start or exit; the pod is read again after a back-off.
     Retrying,
-    /// The runtime kept missing it past the retry budget; the safety relist will see it.
+    /// The runtime kept missing it for [`KERNEL_EXIT_GRACE`].
     GaveUp { waited: Duration },
 }
 
@@ -211,7 +212,7 @@ impl HintQueue {
             // not count as an attempt).
             Some(retry) if retry.due <= now => {
                 retry.attempt += 1;
-                if retry.attempt >= MAX_LAG_RETRIES {
+                if now - retry.since >= KERNEL_EXIT_GRACE {
                     let waited = now - retry.since;
                     self.pods.remove(pod);
                     return Settled::GaveUp { waited };
@@ -253,6 +254,7 @@ mod tests {
             pod: PodUid::from(pod),
             kind,
             container: container.map(ContainerId::from),
+            tgid: None,
             exit_code: None,
             signal: None,
             kernel_time_ns: t,
@@ -324,14 +326,19 @@ mod tests {
             match q.settle(&p, std::slice::from_ref(&c), now) {
                 Settled::Retrying => {}
                 Settled::GaveUp { waited } => {
-                    assert_eq!(waited, Duration::from_millis(1023));
+                    assert!(waited >= KERNEL_EXIT_GRACE);
+                    assert!(waited < KERNEL_EXIT_GRACE + Duration::from_millis(128));
                     break;
                 }
                 Settled::Done { .. } => panic!("still lagging"),
             }
         }
-        let expected: Vec<Duration> = (0..10).map(|i| Duration::from_millis(1 << i)).collect();
-        assert_eq!(waits, expected);
+        let doubling: Vec<Duration> = (0..8).map(|i| Duration::from_millis(1 << i)).collect();
+        assert_eq!(waits[..8], doubling[..]);
+        assert!(
+            waits[8..].iter().all(|w| *w == Duration::from_millis(128)),
+            "then steady: {waits:?}"
+        );
         assert!(q.is_empty());
     }
 

@@ -26,6 +26,11 @@ struct FakeRuntime {
     /// Listings `get_pod_status` reports for a pod before falling back to `pods` (a runtime that
     /// has not caught up yet).
     stale_status: Mutex<HashMap<PodUid, VecDeque<RunningPod>>>,
+    /// Init pids `container_init_pid` reports, and how often it was asked.
+    init_pids: Mutex<HashMap<ContainerId, u32>>,
+    init_pid_calls: Mutex<Vec<ContainerId>>,
+    /// Exit codes of exited containers (0 when not set).
+    exit_codes: Mutex<HashMap<ContainerId, i32>>,
 }
 
 impl FakeRuntime {
@@ -82,6 +87,7 @@ impl Runtime for FakeRuntime {
             .get_mut(uid)
             .and_then(VecDeque::pop_front);
         let pods = self.pods.lock().unwrap();
+        let exit_codes = self.exit_codes.lock().unwrap();
         let pod = stale.or_else(|| pods.iter().find(|p| &p.uid == uid).cloned());
         Ok(PodStatus {
             uid: uid.clone(),
@@ -113,7 +119,7 @@ impl Runtime for FakeRuntime {
                     created_at: c.created_at,
                     started_at: 0,
                     finished_at: 0,
-                    exit_code: 0,
+                    exit_code: exit_codes.get(&c.id).copied().unwrap_or_default(),
                     image: String::new(),
                     image_ref: String::new(),
                     hash: c.hash.clone(),
@@ -123,6 +129,11 @@ impl Runtime for FakeRuntime {
                 })
                 .collect(),
         })
+    }
+
+    async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {
+        self.init_pid_calls.lock().unwrap().push(id.clone());
+        Ok(self.init_pids.lock().unwrap().get(id).copied())
     }
 
     async fn sync_pod(&self, _pod: &Pod, _status: &PodStatus) -> PodSyncResult {
@@ -205,6 +216,7 @@ fn setup() -> (
             latency: LatencyTracker::new(metrics.clone()),
             metrics,
             broadcaster: EventBroadcaster::default(),
+            init_processes: InitProcesses::default(),
         },
     );
     (runtime, cache, pleg, handle, rx)
@@ -522,6 +534,7 @@ struct EbpfPleg {
     metrics: Metrics,
     latency: LatencyTracker,
     broadcaster: EventBroadcaster,
+    init_processes: InitProcesses,
 }
 
 /// An ebpf-mode PLEG over `pods`, running, past its first full relist, with the call counters and
@@ -531,8 +544,17 @@ async fn start_ebpf(pods: Vec<RunningPod>) -> EbpfPleg {
 }
 
 async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>) -> EbpfPleg {
-    let runtime = Arc::new(FakeRuntime::default());
+    start_ebpf_with(FakeRuntime::default(), pods, period).await
+}
+
+async fn start_ebpf_with(
+    runtime: FakeRuntime,
+    pods: Vec<RunningPod>,
+    period: Option<Duration>,
+) -> EbpfPleg {
+    let runtime = Arc::new(runtime);
     runtime.set_pods(pods);
+    let init_processes = InitProcesses::default();
     let cache = Arc::new(PodCache::new());
     let metrics = Metrics::new().unwrap();
     let latency = LatencyTracker::new(metrics.clone());
@@ -547,6 +569,7 @@ async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>)
             metrics: metrics.clone(),
             latency: latency.clone(),
             broadcaster: broadcaster.clone(),
+            init_processes: init_processes.clone(),
         },
     );
     tokio::spawn(pleg.run());
@@ -567,6 +590,7 @@ async fn start_ebpf_with_period(pods: Vec<RunningPod>, period: Option<Duration>)
         metrics,
         latency,
         broadcaster,
+        init_processes,
     }
 }
 
@@ -582,6 +606,7 @@ fn died(pod: &str, container: &str) -> Hint {
         pod: PodUid::from(pod),
         kind: HintKind::Died,
         container: Some(ContainerId::from(container)),
+        tgid: Some(1000),
         exit_code: Some(1),
         signal: None,
         kernel_time_ns: crate::pleg::monotonic_now_ns().saturating_sub(1_000_000),
@@ -811,15 +836,15 @@ async fn runtime_lag_is_retried_with_back_off() {
 async fn a_runtime_that_never_catches_up_gets_a_full_relist() {
     let mut t = start_ebpf(running_p()).await;
     t.hints.send(died("p", "c1")).await.unwrap();
-    for _ in 0..12 {
+    for _ in 0..8 {
         settle().await;
         tokio::time::advance(Duration::from_millis(600)).await;
     }
     settle().await;
     assert_eq!(
         t.runtime.take_status_calls().len(),
-        11,
-        "the first read and ten retries"
+        6,
+        "the first read and retries (600 ms apart here) until the runtime lagged 3 s"
     );
     assert_eq!(
         t.runtime.take_list_calls(),
@@ -844,6 +869,7 @@ async fn hint_for_an_unknown_pod_relists_everything() {
             pod: PodUid::from("new"),
             kind: HintKind::CgroupCreated,
             container: Some(ContainerId::from("sb-new")),
+            tgid: None,
             exit_code: None,
             signal: None,
             kernel_time_ns: crate::pleg::monotonic_now_ns(),
@@ -901,6 +927,7 @@ async fn status_change_without_transition_is_a_pod_sync() {
             pod: PodUid::from("p"),
             kind: HintKind::CgroupCreated,
             container: Some(ContainerId::from("c2")),
+            tgid: None,
             exit_code: None,
             signal: None,
             kernel_time_ns: crate::pleg::monotonic_now_ns(),
@@ -962,6 +989,7 @@ fn pod_hint(pod: &str, kind: HintKind, container: &str) -> Hint {
         pod: PodUid::from(pod),
         kind,
         container: Some(ContainerId::from(container)),
+        tgid: None,
         exit_code: None,
         signal: None,
         kernel_time_ns: crate::pleg::monotonic_now_ns(),
@@ -1029,4 +1057,214 @@ async fn a_long_safety_period_keeps_an_idle_pleg_healthy() {
     tokio::time::advance(Duration::from_mins(1)).await;
     settle().await;
     assert_eq!(t.runtime.take_list_calls(), 1);
+}
+
+/// The kernel's exit of process `tgid` in container `c1` of pod `p` by SIGKILL, 1 ms ago.
+fn killed(tgid: u32) -> Hint {
+    Hint::Pod(PodHint {
+        pod: PodUid::from("p"),
+        kind: HintKind::Died,
+        container: Some(ContainerId::from("c1")),
+        tgid: Some(tgid),
+        exit_code: Some(0),
+        signal: Some(9),
+        kernel_time_ns: crate::pleg::monotonic_now_ns().saturating_sub(1_000_000),
+    })
+}
+
+/// An ebpf PLEG over pod `p` whose container `c1` runs with init pid 42 as the runtime reports it.
+async fn start_with_init_42() -> EbpfPleg {
+    let runtime = FakeRuntime::default();
+    runtime
+        .init_pids
+        .lock()
+        .unwrap()
+        .insert(ContainerId::from("c1"), 42);
+    start_ebpf_with(runtime, running_p(), None).await
+}
+
+fn cached_c1(t: &EbpfPleg) -> ContainerStatus {
+    t.cache.get(&PodUid::from("p")).unwrap().containers[0].clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_container_adopted_has_its_init_read_once() {
+    let t = start_with_init_42().await;
+    assert_eq!(
+        std::mem::take(&mut *t.runtime.init_pid_calls.lock().unwrap()),
+        vec![ContainerId::from("c1")]
+    );
+    assert!(t.init_processes.is_init(&ContainerId::from("c1"), 42));
+    tokio::time::advance(crate::pleg::DEFAULT_SAFETY_RELIST_PERIOD).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1);
+    assert!(
+        t.runtime.init_pid_calls.lock().unwrap().is_empty(),
+        "a known init is not read again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proven_init_exit_is_published_before_the_runtime_reports_it() {
+    let mut t = start_with_init_42().await;
+    let mut watcher = t.broadcaster.subscribe();
+    t.hints.send(killed(42)).await.unwrap();
+    settle().await;
+
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerDied, "c1")],
+        "the runtime still reports it running"
+    );
+    let c1 = cached_c1(&t);
+    assert_eq!(c1.state, ContainerState::Exited);
+    assert_eq!(c1.exit_code, 137);
+    assert_eq!(c1.reason, "Error");
+    assert!(c1.finished_at > 0);
+    assert_eq!(watcher.try_recv().unwrap().exit_code, Some(137));
+    assert_eq!(metric(&t.metrics, "ringlet_pleg_kernel_exits_total"), 1.0);
+    assert_eq!(
+        t.runtime.take_status_calls(),
+        vec![PodUid::from("p")],
+        "the runtime is still read"
+    );
+
+    // The runtime keeps lagging for a while, then reports the exit: no second event.
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_millis(20)).await;
+        settle().await;
+    }
+    assert!(drain(&mut t.events).is_empty());
+    assert_eq!(cached_c1(&t).state, ContainerState::Exited);
+    t.runtime.set_pods(exited_p());
+    t.runtime
+        .exit_codes
+        .lock()
+        .unwrap()
+        .insert(ContainerId::from("c1"), 137);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    settle().await;
+    assert_eq!(
+        drain(&mut t.events),
+        vec![PodLifecycleEvent {
+            pod: PodUid::from("p"),
+            kind: PodLifecycleEventKind::PodSync,
+            container: None,
+        }],
+        "no second ContainerDied; the runtime's record (another finishedAt) is synced"
+    );
+    assert_eq!(
+        cached_c1(&t).finished_at,
+        0,
+        "the runtime's record replaced the kernel's"
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_kernel_runtime_mismatch_total"),
+        0.0
+    );
+    let reads = t.runtime.take_status_calls().len();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    settle().await;
+    assert!(
+        t.runtime.take_status_calls().is_empty(),
+        "settled after {reads} reads"
+    );
+    assert_eq!(t.runtime.take_list_calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_exit_of_another_process_in_the_container_stays_a_hint() {
+    let mut t = start_with_init_42().await;
+    t.hints.send(killed(4242)).await.unwrap();
+    settle().await;
+    assert!(drain(&mut t.events).is_empty());
+    assert_eq!(cached_c1(&t).state, ContainerState::Running);
+    assert_eq!(metric(&t.metrics, "ringlet_pleg_kernel_exits_total"), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_exec_after_the_agents_start_proves_the_init() {
+    let runtime = FakeRuntime::default();
+    let mut t = start_ebpf_with(runtime, vec![pod("p", SandboxState::Ready, &[])], None).await;
+    let c1 = ContainerId::from("c1");
+    t.init_processes
+        .starting(&c1, crate::pleg::monotonic_now_ns());
+    t.runtime.set_pods(running_p());
+    let mut started = pod_hint("p", HintKind::Started, "c1");
+    if let Hint::Pod(hint) = &mut started {
+        hint.tgid = Some(77);
+    }
+    t.hints.send(started).await.unwrap();
+    settle().await;
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerStarted, "c1")]
+    );
+    assert!(
+        t.runtime.init_pid_calls.lock().unwrap().is_empty(),
+        "the kernel proved it; the runtime is not asked"
+    );
+    t.hints.send(killed(77)).await.unwrap();
+    settle().await;
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_eq!(cached_c1(&t).exit_code, 137);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oom_victims_exit_is_oom_killed() {
+    let mut t = start_with_init_42().await;
+    t.hints
+        .send(pod_hint("p", HintKind::OomKilled, "c1"))
+        .await
+        .unwrap();
+    t.hints.send(killed(42)).await.unwrap();
+    settle().await;
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_eq!(cached_c1(&t).reason, "OOMKilled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_keeps_the_container_running_withdraws_the_kernels_exit() {
+    let mut t = start_with_init_42().await;
+    t.hints.send(killed(42)).await.unwrap();
+    settle().await;
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    for _ in 0..40 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+    }
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_kernel_runtime_mismatch_total"),
+        1.0
+    );
+    assert_eq!(cached_c1(&t).state, ContainerState::Running);
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerStarted, "c1")],
+        "the runtime's word stands again"
+    );
+    assert!(
+        t.runtime.take_list_calls() >= 1,
+        "and everything is relisted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_relist_keeps_the_kernels_exit_until_the_runtime_reports_it() {
+    let mut t = start_with_init_42().await;
+    t.hints.send(killed(42)).await.unwrap();
+    t.hints
+        .send(Hint::Resync {
+            reason: "test".to_owned(),
+        })
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1);
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerDied, "c1")],
+        "the relist does not undo the exit"
+    );
+    assert_eq!(cached_c1(&t).state, ContainerState::Exited);
 }
