@@ -1,5 +1,6 @@
 //! `cargo xtask demo`: sets the lab up and runs ringlet in the foreground on the example static pods in
-//! `deploy/examples/pods/`, until Ctrl-C.
+//! `deploy/examples/pods/`, until Ctrl-C. Once the pods run it kills one container and shows the
+//! chain of that exit through the agent (see `exit_chain`), then streams the lifecycle events.
 
 use std::fs;
 use std::path::Path;
@@ -7,10 +8,12 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, cmd, lab, workspace_root};
+use crate::{cargo, cmd, exit_chain, lab, workspace_root};
 
 const READ_ONLY_PORT: u16 = 10255;
 const API_PORT: u16 = 10250;
+/// The agent's default event socket (`--events-socket`).
+const EVENTS_SOCKET: &str = "/run/ringlet/events.sock";
 
 pub fn run() -> Result<()> {
     lab::up()?;
@@ -73,6 +76,10 @@ pub fn run() -> Result<()> {
     // Ctrl-C reaches ringlet through the terminal's process group; ignoring it here lets us wait for
     // ringlet's own clean shutdown instead of leaving it orphaned.
     ignore_sigint();
+    let ringlet = root.join("target/debug/ringlet");
+    if let Err(error) = exit_chain::show(&ringlet, READ_ONLY_PORT, Path::new(EVENTS_SOCKET)) {
+        println!("note: the exit chain could not be shown: {error:#}");
+    }
     let status = child.wait().context("waiting for ringlet")?;
     println!("ringlet exited: {status}");
     if !status.success() && status.code().is_some() {

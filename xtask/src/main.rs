@@ -8,6 +8,7 @@ mod cluster;
 mod cluster_bench;
 mod cmd;
 mod demo;
+mod exit_chain;
 mod http;
 mod io_bench;
 mod kubelet_host;

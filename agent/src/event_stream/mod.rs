@@ -39,6 +39,10 @@ pub enum LifecycleKind {
     OomKilled,
     /// The pod changed and was re-synced without a container transition.
     PodSync,
+    /// The pod's status now shows a change the kernel reported.
+    StatusUpdated,
+    /// The runtime reported an exit published from the kernel first.
+    RuntimeConfirmed,
 }
 
 impl LifecycleKind {
@@ -51,6 +55,8 @@ impl LifecycleKind {
             Self::Removed => "ContainerRemoved",
             Self::OomKilled => "OOMKilled",
             Self::PodSync => "PodSync",
+            Self::StatusUpdated => "StatusUpdated",
+            Self::RuntimeConfirmed => "RuntimeConfirmed",
         }
     }
 
@@ -61,6 +67,8 @@ impl LifecycleKind {
             Self::Removed => pb::LifecycleKind::Removed,
             Self::OomKilled => pb::LifecycleKind::OomKilled,
             Self::PodSync => pb::LifecycleKind::PodSync,
+            Self::StatusUpdated => pb::LifecycleKind::StatusUpdated,
+            Self::RuntimeConfirmed => pb::LifecycleKind::RuntimeConfirmed,
         }
     }
 
@@ -72,6 +80,8 @@ impl LifecycleKind {
             pb::LifecycleKind::Removed => Some(Self::Removed),
             pb::LifecycleKind::OomKilled => Some(Self::OomKilled),
             pb::LifecycleKind::PodSync => Some(Self::PodSync),
+            pb::LifecycleKind::StatusUpdated => Some(Self::StatusUpdated),
+            pb::LifecycleKind::RuntimeConfirmed => Some(Self::RuntimeConfirmed),
             pb::LifecycleKind::Unspecified | pb::LifecycleKind::EventsLost => None,
         }
     }

@@ -163,7 +163,7 @@ impl Kubelet {
         let cache = Arc::new(pleg_hints.as_ref().map_or_else(PodCache::new, |channel| {
             PodCache::with_refresher(channel.refresher())
         }));
-        let latency = LatencyTracker::new(metrics.clone());
+        let latency = LatencyTracker::new(metrics.clone(), broadcaster.clone());
         let (pleg, pleg_handle, pleg_events) = GenericPleg::new(
             Arc::clone(&runtime),
             Arc::clone(&cache),

@@ -70,7 +70,11 @@ fn status_stored(
     previous_phase: Option<&str>,
     phase: Option<&str>,
 ) {
-    latency.status_changed(&uid_of(pod));
+    latency.status_changed(
+        &uid_of(pod),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+    );
     let was_pending = matches!(previous_phase, None | Some("Pending"));
     if was_pending
         && phase == Some("Running")
@@ -294,6 +298,8 @@ impl PodSyncer for KubeletSyncer {
 mod tests {
     use std::collections::BTreeMap;
 
+    use crate::event_stream::EventBroadcaster;
+
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
@@ -332,7 +338,7 @@ mod tests {
     #[test]
     fn pod_start_is_observed_when_a_pending_pod_first_runs() {
         let metrics = Metrics::new().unwrap();
-        let latency = LatencyTracker::new(metrics.clone());
+        let latency = LatencyTracker::new(metrics.clone(), EventBroadcaster::default());
         let pod = seen_pod("2026-01-01T00:00:00Z");
         status_stored(&metrics, &latency, &pod, Some("Pending"), Some("Pending"));
         assert_eq!(

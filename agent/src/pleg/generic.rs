@@ -293,12 +293,14 @@ impl GenericPleg {
                     container,
                     kernel_exit_code,
                     runtime_exit_code,
+                    kernel_time_ns,
                 } => {
                     if kernel_exit_code != runtime_exit_code {
                         self.metrics.inc_kernel_runtime_mismatch();
                         tracing::warn!(pod = %status.uid, %container, kernel_exit_code, runtime_exit_code,
                             "the runtime reports another exit code than the kernel did; the runtime's stands");
                     }
+                    self.publish_runtime_confirmed(status, &container, kernel_time_ns);
                 }
                 Reconciled::Withdrawn { container, waited } => {
                     self.metrics.inc_kernel_runtime_mismatch();
@@ -308,6 +310,32 @@ impl GenericPleg {
                 }
             }
         }
+    }
+
+    /// Tells `ringlet events` watchers that the runtime reported an exit the kernel published first.
+    fn publish_runtime_confirmed(
+        &self,
+        status: &PodStatus,
+        container: &ContainerId,
+        kernel_time_ns: u64,
+    ) {
+        if self.broadcaster.watcher_count() == 0 {
+            return;
+        }
+        let confirmed = status.containers.iter().find(|c| &c.id == container);
+        self.broadcaster.publish(LifecycleRecord {
+            pod_uid: status.uid.clone(),
+            namespace: status.namespace.clone(),
+            pod_name: status.name.clone(),
+            container_name: confirmed.map(|c| c.name.clone()).unwrap_or_default(),
+            container_id: Some(container.clone()),
+            kind: LifecycleKind::RuntimeConfirmed,
+            exit_code: confirmed.map(|c| c.exit_code),
+            kernel_to_event: Some(Duration::from_nanos(
+                super::monotonic_now_ns().saturating_sub(kernel_time_ns),
+            )),
+            observed_at: SystemTime::now(),
+        });
     }
 
     /// Reads the init pid the runtime reports for every running container of `pods` whose init is

@@ -24,6 +24,7 @@ pub(super) struct KernelExit {
     /// Unix nanoseconds, from the kernel's timestamp.
     pub(super) finished_at: i64,
     pub(super) reason: &'static str,
+    pub(super) kernel_time_ns: u64,
     published: Instant,
 }
 
@@ -45,6 +46,7 @@ pub(super) enum Reconciled {
         container: ContainerId,
         kernel_exit_code: i32,
         runtime_exit_code: i32,
+        kernel_time_ns: u64,
     },
     /// The runtime still reports the container running past the grace period.
     Withdrawn {
@@ -96,6 +98,7 @@ impl KernelExits {
             exit_code,
             finished_at: wall_clock_ns(hint.kernel_time_ns),
             reason,
+            kernel_time_ns: hint.kernel_time_ns,
             published: now,
         };
         exit.apply(container);
@@ -153,6 +156,7 @@ impl KernelExits {
                     container: id.clone(),
                     kernel_exit_code: exit.exit_code,
                     runtime_exit_code: container.exit_code,
+                    kernel_time_ns: exit.kernel_time_ns,
                 });
                 self.exits.remove(&id);
             } else if waited >= KERNEL_EXIT_GRACE {

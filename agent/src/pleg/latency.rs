@@ -1,13 +1,15 @@
 //! Kernel → event and kernel → status latency of the eBPF PLEG (ringlet's own; the kubelet has no
 //! counterpart). Hints carry the kernel's `CLOCK_MONOTONIC` timestamp; the PLEG observes the event
 //! latency when it emits an event a hint led to and remembers the hint's time on the pod, and the sync
-//! path observes the status latency when it next stores a changed status for that pod.
+//! path observes the status latency when it next stores a changed status for that pod (and tells
+//! `ringlet events` watchers with a `StatusUpdated` record).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::container::PodUid;
+use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::Metrics;
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock `bpf_ktime_get_ns` reads, so it can be compared
@@ -38,13 +40,15 @@ fn since_kernel(kernel_time_ns: u64) -> Duration {
 pub struct LatencyTracker {
     pending: Arc<Mutex<HashMap<PodUid, u64>>>,
     metrics: Metrics,
+    broadcaster: EventBroadcaster,
 }
 
 impl LatencyTracker {
-    pub fn new(metrics: Metrics) -> Self {
+    pub fn new(metrics: Metrics, broadcaster: EventBroadcaster) -> Self {
         Self {
             pending: Arc::default(),
             metrics,
+            broadcaster,
         }
     }
 
@@ -63,13 +67,27 @@ impl LatencyTracker {
             .or_insert(kernel_time_ns);
     }
 
-    /// The sync path stored a changed status for `pod`: observes kernel → status latency if an
-    /// event a hint led to is waiting for it.
-    pub fn status_changed(&self, pod: &PodUid) {
-        let pending = self.lock().remove(pod);
-        if let Some(kernel_time_ns) = pending {
-            self.metrics
-                .observe_status_latency(since_kernel(kernel_time_ns));
+    /// The sync path stored a changed status for pod `uid` (`namespace`/`name`): observes kernel →
+    /// status latency if an event a hint led to is waiting for it.
+    pub fn status_changed(&self, uid: &PodUid, namespace: &str, name: &str) {
+        let pending = self.lock().remove(uid);
+        let Some(kernel_time_ns) = pending else {
+            return;
+        };
+        let latency = since_kernel(kernel_time_ns);
+        self.metrics.observe_status_latency(latency);
+        if self.broadcaster.watcher_count() > 0 {
+            self.broadcaster.publish(LifecycleRecord {
+                pod_uid: uid.clone(),
+                namespace: namespace.to_owned(),
+                pod_name: name.to_owned(),
+                container_name: String::new(),
+                container_id: None,
+                kind: LifecycleKind::StatusUpdated,
+                exit_code: None,
+                kernel_to_event: Some(latency),
+                observed_at: SystemTime::now(),
+            });
         }
     }
 
@@ -109,7 +127,9 @@ mod tests {
     #[test]
     fn event_then_changed_status_observes_both_latencies_once() {
         let metrics = Metrics::new().unwrap();
-        let tracker = LatencyTracker::new(metrics.clone());
+        let broadcaster = EventBroadcaster::default();
+        let mut watcher = broadcaster.subscribe();
+        let tracker = LatencyTracker::new(metrics.clone(), broadcaster);
         let pod = PodUid::from("p");
         let kernel = monotonic_now_ns().saturating_sub(2_000_000);
         tracker.event_emitted(&pod, kernel);
@@ -119,8 +139,13 @@ mod tests {
             2
         );
         assert!(tracker.is_pending(&pod));
-        tracker.status_changed(&pod);
-        tracker.status_changed(&pod);
+        tracker.status_changed(&pod, "default", "web");
+        tracker.status_changed(&pod, "default", "web");
+        let record = watcher.try_recv().unwrap();
+        assert_eq!(record.kind, LifecycleKind::StatusUpdated);
+        assert_eq!(record.pod_name, "web");
+        assert!(record.kernel_to_event.unwrap() >= Duration::from_millis(2));
+        assert!(watcher.try_recv().is_err(), "one status, one record");
         assert_eq!(
             histogram_count(&metrics, "ringlet_pod_status_latency_seconds"),
             1
@@ -135,7 +160,7 @@ mod tests {
 
     #[test]
     fn retain_forgets_gone_pods() {
-        let tracker = LatencyTracker::new(Metrics::new().unwrap());
+        let tracker = LatencyTracker::new(Metrics::new().unwrap(), EventBroadcaster::default());
         tracker.event_emitted(&PodUid::from("a"), 1);
         tracker.event_emitted(&PodUid::from("b"), 1);
         tracker.retain(&HashSet::from([PodUid::from("b")]));

@@ -213,7 +213,7 @@ fn setup() -> (
         PlegOptions {
             relist_period: None,
             hints: None,
-            latency: LatencyTracker::new(metrics.clone()),
+            latency: LatencyTracker::new(metrics.clone(), EventBroadcaster::default()),
             metrics,
             broadcaster: EventBroadcaster::default(),
             init_processes: InitProcesses::default(),
@@ -557,9 +557,9 @@ async fn start_ebpf_with(
     let init_processes = InitProcesses::default();
     let cache = Arc::new(PodCache::new());
     let metrics = Metrics::new().unwrap();
-    let latency = LatencyTracker::new(metrics.clone());
-    let (hints, hint_rx) = mpsc::channel(1024);
     let broadcaster = EventBroadcaster::default();
+    let latency = LatencyTracker::new(metrics.clone(), broadcaster.clone());
+    let (hints, hint_rx) = mpsc::channel(1024);
     let (pleg, handle, mut events) = GenericPleg::new(
         Arc::clone(&runtime) as Arc<dyn Runtime>,
         Arc::clone(&cache),
@@ -1157,6 +1157,15 @@ async fn a_proven_init_exit_is_published_before_the_runtime_reports_it() {
         cached_c1(&t).finished_at,
         0,
         "the runtime's record replaced the kernel's"
+    );
+    let confirmed = std::iter::from_fn(|| watcher.try_recv().ok())
+        .find(|r| r.kind == LifecycleKind::RuntimeConfirmed)
+        .expect("a RuntimeConfirmed record");
+    assert_eq!(confirmed.exit_code, Some(137));
+    assert_eq!(confirmed.container_name, "name-c1");
+    assert!(
+        confirmed.kernel_to_event.unwrap() >= Duration::from_millis(1),
+        "the kernel stamped the exit 1 ms before the test sent it"
     );
     assert_eq!(
         metric(&t.metrics, "ringlet_pleg_kernel_runtime_mismatch_total"),
