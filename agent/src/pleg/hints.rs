@@ -30,6 +30,9 @@ pub struct PodHint {
     pub kind: HintKind,
     /// The container (or sandbox) id when the cgroup path names it.
     pub container: Option<ContainerId>,
+    /// The process (thread group) the kernel event is about, in the initial pid namespace; `None`
+    /// for cgroup events.
+    pub tgid: Option<u32>,
     /// For `Died`: the exit code (`status >> 8`) and the terminating signal (`status & 0x7f`).
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,

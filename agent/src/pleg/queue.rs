@@ -253,6 +253,7 @@ mod tests {
             pod: PodUid::from(pod),
             kind,
             container: container.map(ContainerId::from),
+            tgid: None,
             exit_code: None,
             signal: None,
             kernel_time_ns: t,
