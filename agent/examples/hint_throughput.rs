@@ -148,7 +148,7 @@ async fn measure(args: Arc<Args>) -> Result<serde_json::Value> {
     let mut options = EbpfOptions::new(args.parent.clone());
     options.pin_dir.clone_from(&args.pin_dir);
     options.ring_buffer_bytes = args.ring_buffer_bytes;
-    let handle = ebpf::start(options, tx).context("starting the eBPF hint source")?;
+    let handle = ebpf::start(options, tx, |_| {}).context("starting the eBPF hint source")?;
     setup(&args)?;
 
     let churn = Arc::new(Churn {

@@ -1,18 +1,21 @@
 //! The eBPF hint source on the real kernel: loads and attaches the programs with a temporary pods'
 //! parent cgroup, makes container cgroups and processes in them, and checks the hints, the drop
-//! accounting and the pins. Needs root, kernel BTF, a cgroup2 hierarchy and bpffs: skips (with the
-//! reason) without them, and fails instead when CI=true.
+//! accounting, the reader thread's wake-ups and stop, and the pins. Needs root, kernel BTF, a
+//! cgroup2 hierarchy and bpffs: skips (with the reason) without them, and fails instead when
+//! CI=true.
 
 use std::ffi::CString;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ringlet::container::{ContainerId, PodUid};
 use ringlet::ebpf::{EbpfHandle, EbpfOptions, start};
 use ringlet::pleg::{Hint, HintKind, PodHint};
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TryRecvError;
 
 const UID: &str = "7d0c1f42-3b5e-4a7c-9f10-2e8d6b4a5c01";
 
@@ -87,9 +90,52 @@ impl Drop for PinDir {
     }
 }
 
+/// The reader's drop-counter reads, as the test sees them, and a gate to hold the reader thread in
+/// one. The reader reads the counter on every wake-up and hands it to its observer on its own
+/// thread, so while the test holds the gate the reader is stuck like a starved reader and kernel
+/// events pile up in the ring buffer.
+struct DropReads {
+    gate: Arc<Mutex<()>>,
+    reads: std::sync::mpsc::Receiver<u64>,
+}
+
+fn drop_reads() -> (DropReads, impl FnMut(u64) + Send + 'static) {
+    let gate = Arc::new(Mutex::new(()));
+    let (sender, reads) = std::sync::mpsc::channel();
+    let held = Arc::clone(&gate);
+    let observer = move |total| {
+        let _ = sender.send(total);
+        drop(held.lock());
+    };
+    (DropReads { gate, reads }, observer)
+}
+
+impl DropReads {
+    /// The next drop count the reader reads, or a failure after 5 s.
+    fn next(&self) -> u64 {
+        self.reads
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("the reader did not read the drop counter: {e}"))
+    }
+
+    /// Wakes the idle reader with a check request and keeps it in that read of the drop counter
+    /// until the returned guard drops.
+    fn hold(&self, handle: &EbpfHandle) -> MutexGuard<'_, ()> {
+        let guard = self
+            .gate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while self.reads.try_recv().is_ok() {}
+        handle.source_check().request();
+        assert_eq!(self.next(), 0, "nothing was lost before the test began");
+        guard
+    }
+}
+
 struct Setup {
     handle: EbpfHandle,
     hints: mpsc::Receiver<Hint>,
+    drop_reads: DropReads,
     parent: PathBuf,
     pin_dir: PathBuf,
     // Clean up after a failed test; a passing one drops the handle first, which removes the pins.
@@ -111,11 +157,13 @@ fn setup(root: &Path, name: &str, ring_buffer_bytes: u32, channel: usize) -> Set
         ring_buffer_bytes,
         pin_dir: pin_dir.clone(),
     };
-    let handle =
-        start(options, tx).unwrap_or_else(|e| panic!("starting the eBPF hint source: {e:?}"));
+    let (drop_reads, observer) = drop_reads();
+    let handle = start(options, tx, observer)
+        .unwrap_or_else(|e| panic!("starting the eBPF hint source: {e:?}"));
     Setup {
         handle,
         hints,
+        drop_reads,
         parent,
         pin_dir,
         _pins: pins,
@@ -225,6 +273,7 @@ async fn container_lifecycle_in_the_kernel_becomes_hints_and_pins_come_and_go() 
         pin_dir,
         _pins,
         _cgroups,
+        ..
     } = setup(&root, "life", 1 << 16, 1024);
 
     for name in ringlet_ebpf::MAPS.iter().chain(handle.attached_programs()) {
@@ -290,6 +339,20 @@ async fn container_lifecycle_in_the_kernel_becomes_hints_and_pins_come_and_go() 
         "the pins outlive the handle: {:?}",
         std::fs::read_dir(&pin_dir).map(Iterator::count)
     );
+    // The reader thread was stopped and joined with the handle: its sender is gone.
+    loop {
+        match hints.try_recv() {
+            Ok(_) => {}
+            Err(error) => {
+                assert_eq!(
+                    error,
+                    TryRecvError::Disconnected,
+                    "the reader outlives the handle"
+                );
+                break;
+            }
+        }
+    }
 }
 
 #[tokio::test]
@@ -297,25 +360,28 @@ async fn a_full_ring_buffer_counts_drops_and_asks_for_a_resync() {
     let Some(root) = require() else { return };
     // SAFETY: sysconf only reads a configuration value.
     let page = u32::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
-    // One page holds 17 events; the reader cannot run during the burst (this runtime has one thread
-    // and the burst does not yield).
+    // One page holds 17 events; the reader is held while the burst runs.
     let Setup {
         handle,
         mut hints,
+        drop_reads,
         parent,
         _pins,
         _cgroups,
         ..
     } = setup(&root, "overflow", page, 1024);
     let pod = parent.join(format!("pod{UID}"));
+    let held = drop_reads.hold(&handle);
     for n in 0..100 {
         std::fs::create_dir_all(pod.join(container_id(n))).unwrap();
     }
+    let dropped = handle.dropped_events();
+    assert!(dropped > 0, "no drops counted");
+    drop(held);
     let seen = collect(&mut hints, |seen| {
         seen.iter().any(|h| matches!(h, Hint::Resync { .. }))
     })
     .await;
-    assert!(handle.dropped_events() > 0, "no drops counted");
     let created = seen
         .iter()
         .filter(|h| matches!(h, Hint::Pod(p) if p.kind == HintKind::CgroupCreated))
@@ -325,6 +391,11 @@ async fn a_full_ring_buffer_counts_drops_and_asks_for_a_resync() {
         "all {created} events fit a one-page ring buffer?"
     );
     assert_eq!(handle.resyncs(), 1);
+    assert_eq!(
+        drop_reads.next(),
+        dropped,
+        "the reader reports what it read (the agent's drops metric)"
+    );
     drop(handle);
 }
 
@@ -334,23 +405,33 @@ async fn a_full_hint_channel_becomes_one_resync_once_there_is_room() {
     let Setup {
         handle,
         mut hints,
+        drop_reads,
         parent,
         _pins,
         _cgroups,
         ..
     } = setup(&root, "channel", 1 << 16, 2);
     let pod = parent.join(format!("pod{UID}"));
+    // Held, so the reader finds all ten events at once.
+    let held = drop_reads.hold(&handle);
     for n in 0..10 {
         std::fs::create_dir_all(pod.join(container_id(n))).unwrap();
     }
+    drop(held);
+    // The reader reads the drop counter after the batch: by then it has filled the channel, lost
+    // the rest and owes the resync. Nothing in the kernel wakes it after that; only the room the
+    // test makes by receiving lets the resync out.
+    assert_eq!(drop_reads.next(), 0);
     let seen = collect(&mut hints, |seen| {
         seen.iter().any(|h| matches!(h, Hint::Resync { .. }))
     })
     .await;
     assert_eq!(handle.dropped_events(), 0);
-    assert!(handle.hints_lost() >= 1);
+    assert_eq!(handle.hints_lost(), 8);
     // The two that fit, then the resync that stands for the rest.
     assert_eq!(seen.len(), 3, "{seen:#?}");
+    assert!(matches!(seen[2], Hint::Resync { .. }), "{seen:#?}");
+    assert_eq!(handle.resyncs(), 1);
     drop(handle);
 }
 
@@ -378,7 +459,7 @@ async fn a_second_agent_on_live_pins_is_refused_naming_the_holder() {
         ring_buffer_bytes: 1 << 16,
         pin_dir: pin_dir.clone(),
     };
-    match start(options, tx) {
+    match start(options, tx, |_| {}) {
         Err(ringlet::ebpf::EbpfError::PinsInUse { path, holder }) => {
             assert_eq!(path, pin_dir);
             assert!(
@@ -450,7 +531,7 @@ async fn pins_left_by_a_crashed_run_are_replaced() {
         ring_buffer_bytes: 1 << 16,
         pin_dir: pin_dir.clone(),
     };
-    let handle = start(options, tx).unwrap();
+    let handle = start(options, tx, |_| {}).unwrap();
     let fresh_id = std::fs::metadata(pin_dir.join(ringlet_ebpf::EVENTS_MAP)).map(|m| {
         use std::os::unix::fs::MetadataExt as _;
         m.ino()
@@ -537,7 +618,7 @@ async fn a_pods_cgroup_outside_cgroup2_is_refused_before_anything_is_pinned() {
         ring_buffer_bytes: 1 << 16,
         pin_dir: pin_dir.clone(),
     };
-    let error = start(options, tx).unwrap_err();
+    let error = start(options, tx, |_| {}).unwrap_err();
     assert!(
         matches!(error, ringlet::ebpf::EbpfError::NotCgroup2 { .. }),
         "{error:?}"
@@ -563,7 +644,7 @@ fn run_until_killed(dirs: &str) -> ! {
         ring_buffer_bytes: 1 << 16,
         pin_dir: PathBuf::from(pin_dir),
     };
-    let _handle = start(options, tx).unwrap_or_else(|e| panic!("crash child: {e:?}"));
+    let _handle = start(options, tx, |_| {}).unwrap_or_else(|e| panic!("crash child: {e:?}"));
     println!("{CRASH_CHILD_READY}");
     loop {
         std::thread::park();

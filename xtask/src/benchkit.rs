@@ -1,8 +1,8 @@
 //! Pieces every `cargo xtask bench` shares: building and running the agent under test (always
-//! stopped, however the run ends), nearest-rank percentiles, containerd task listings, and the
-//! commit/machine description each result file carries.
+//! stopped, however the run ends), nearest-rank percentiles and Prometheus histogram quantiles,
+//! containerd task listings, and the commit/machine description each result file carries.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -133,6 +133,49 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     )]
     let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Buckets as (upper bound, cumulative count), ascending, `+Inf` last.
+pub fn sorted_buckets(buckets: &BTreeMap<String, f64>) -> Vec<(f64, f64)> {
+    let mut sorted: Vec<(f64, f64)> = buckets
+        .iter()
+        .filter_map(|(le, count)| {
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((bound, *count))
+        })
+        .collect();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    sorted
+}
+
+/// Prometheus' `histogram_quantile`: the `q` quantile by linear interpolation within the bucket it
+/// falls in (the highest finite bound when it falls in `+Inf`); NaN without samples.
+pub fn histogram_quantile(sorted: &[(f64, f64)], q: f64) -> f64 {
+    let Some(&(_, total)) = sorted.last() else {
+        return f64::NAN;
+    };
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(bound, count) in sorted {
+        if count >= rank {
+            if bound.is_infinite() {
+                return lower.0;
+            }
+            if count - lower.1 <= 0.0 {
+                return bound;
+            }
+            return lower.0 + (bound - lower.0) * (rank - lower.1) / (count - lower.1);
+        }
+        lower = (bound, count);
+    }
+    lower.0
 }
 
 pub fn ms(d: Duration) -> f64 {
@@ -517,6 +560,23 @@ mod tests {
         assert!((percentile(&samples, 99.0) - 99.0).abs() < f64::EPSILON);
         assert!((percentile(&[7.0], 99.0) - 7.0).abs() < f64::EPSILON);
         assert!(percentile(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn histogram_quantiles_interpolate_as_prometheus_does() {
+        let buckets: BTreeMap<String, f64> = [("0.005", 80.0), ("0.01", 100.0), ("+Inf", 100.0)]
+            .into_iter()
+            .map(|(le, count)| (le.to_owned(), count))
+            .collect();
+        let sorted = sorted_buckets(&buckets);
+        assert_eq!(sorted.last(), Some(&(f64::INFINITY, 100.0)));
+        // 50 of the 80 in [0, 5 ms].
+        assert!((histogram_quantile(&sorted, 0.5) - 0.003_125).abs() < 1e-12);
+        // 99 of 100: 19 of the 20 in (5 ms, 10 ms].
+        assert!((histogram_quantile(&sorted, 0.99) - 0.009_75).abs() < 1e-12);
+        assert!(histogram_quantile(&[], 0.5).is_nan());
+        let overflow = [(0.005, 0.0), (f64::INFINITY, 10.0)];
+        assert!((histogram_quantile(&overflow, 0.5) - 0.005).abs() < 1e-12);
     }
 
     #[test]

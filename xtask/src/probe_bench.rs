@@ -23,8 +23,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::benchkit::{
-    self, Agent, bench_pods, cleanup, free_port, fresh_run_dir, git_commit, machine, now_utc,
-    process_cpu_seconds, runtime_containers,
+    self, Agent, bench_pods, cleanup, free_port, fresh_run_dir, git_commit, histogram_quantile,
+    machine, now_utc, process_cpu_seconds, runtime_containers, sorted_buckets,
 };
 use crate::kubelet_host::{HostGuard, find_kubelet};
 use crate::{cmd, http, lab, workspace_root};
@@ -304,8 +304,8 @@ fn latency(probe_type: &str, buckets: &BTreeMap<String, f64>) -> Latency {
     let timed = sorted.last().map_or(0, |(_, c)| c.round() as u64);
     Latency {
         probe_type: probe_type.to_owned(),
-        p50_ms: quantile(&sorted, 0.5) * 1000.0,
-        p99_ms: quantile(&sorted, 0.99) * 1000.0,
+        p50_ms: histogram_quantile(&sorted, 0.5) * 1000.0,
+        p99_ms: histogram_quantile(&sorted, 0.99) * 1000.0,
         timed,
     }
 }
@@ -470,49 +470,6 @@ fn parse_probe_metrics(text: &str) -> (Counts, Histograms) {
         }
     }
     (counts, histograms)
-}
-
-/// Buckets as (upper bound, cumulative count), ascending, `+Inf` last.
-fn sorted_buckets(buckets: &BTreeMap<String, f64>) -> Vec<(f64, f64)> {
-    let mut sorted: Vec<(f64, f64)> = buckets
-        .iter()
-        .filter_map(|(le, count)| {
-            let bound = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((bound, *count))
-        })
-        .collect();
-    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
-    sorted
-}
-
-/// Prometheus' `histogram_quantile`: the `q` quantile by linear interpolation within the bucket it
-/// falls in (the highest finite bound when it falls in `+Inf`); NaN without samples.
-fn quantile(sorted: &[(f64, f64)], q: f64) -> f64 {
-    let Some(&(_, total)) = sorted.last() else {
-        return f64::NAN;
-    };
-    if total <= 0.0 {
-        return f64::NAN;
-    }
-    let rank = q * total;
-    let mut lower = (0.0, 0.0);
-    for &(bound, count) in sorted {
-        if count >= rank {
-            if bound.is_infinite() {
-                return lower.0;
-            }
-            if count - lower.1 <= 0.0 {
-                return bound;
-            }
-            return lower.0 + (bound - lower.0) * (rank - lower.1) / (count - lower.1);
-        }
-        lower = (bound, count);
-    }
-    lower.0
 }
 
 fn loadavg() -> Result<[f64; 3]> {
@@ -697,16 +654,13 @@ prober_probe_total{container="web",namespace="ns",pod="a",pod_uid="u",probe_type
     }
 
     #[test]
-    fn quantiles_interpolate_within_buckets() {
+    fn quantiles_interpolate_within_the_summed_buckets() {
         let (_, histograms) = parse_probe_metrics(SAMPLE);
         let sorted = sorted_buckets(&histograms.0["Readiness"]);
         // Half of 200 is 100, the whole first bucket: its upper bound.
-        assert!((quantile(&sorted, 0.5) - 0.005).abs() < 1e-9);
+        assert!((histogram_quantile(&sorted, 0.5) - 0.005).abs() < 1e-9);
         // 198 of 200: 98 of the 100 in (5 ms, 10 ms].
-        assert!((quantile(&sorted, 0.99) - 0.0099).abs() < 1e-9);
-        assert!(quantile(&[], 0.5).is_nan());
-        let overflow = [(0.005, 0.0), (f64::INFINITY, 10.0)];
-        assert!((quantile(&overflow, 0.5) - 0.005).abs() < 1e-9);
+        assert!((histogram_quantile(&sorted, 0.99) - 0.0099).abs() < 1e-9);
     }
 
     #[test]

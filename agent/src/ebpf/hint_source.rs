@@ -1,11 +1,10 @@
 //! Chooses the PLEG's hint source at start-up (`--pleg-mode`): the eBPF programs when they load and
 //! attach; otherwise, in `auto` mode, none, so the PLEG relists, with one log line saying why, and in
-//! `ebpf` mode an error that stops the agent. Also keeps the kernel's drop counter visible as
-//! `ringlet_ebpf_ring_buffer_drops_total`.
+//! `ebpf` mode an error that stops the agent. The reader reports the kernel's drop counter as
+//! `ringlet_ebpf_ring_buffer_drops_total` whenever it reads it (on its wake-ups and at every full
+//! relist), so the metric needs no timer of its own.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -18,14 +17,12 @@ use crate::pleg::HintChannel;
 /// Hints buffered between the ring-buffer reader and the PLEG; past this the reader asks for a
 /// full relist instead of blocking.
 const HINT_CHANNEL_CAPACITY: usize = 4096;
-/// How often the drop counter is copied into the metrics.
-const DROPS_METRIC_PERIOD: Duration = Duration::from_secs(1);
 
 /// A running eBPF hint source: the PLEG's end of the hint channel and the loader's handle, which
 /// detaches the programs and removes the pins when dropped.
 pub struct HintSource {
     pub channel: HintChannel,
-    pub handle: Arc<EbpfHandle>,
+    pub handle: EbpfHandle,
 }
 
 /// Starts the eBPF hint source unless `mode` is `relist`. `pods_cgroup` is the cgroup2 directory of
@@ -60,31 +57,21 @@ pub fn start_hint_source(
         ring_buffer_bytes,
         ..EbpfOptions::new(pods_cgroup)
     };
-    match super::start(options, sender) {
+    let metrics = metrics.clone();
+    let on_drops = move |total| metrics.set_ring_buffer_drops_total(total);
+    match super::start(options, sender, on_drops) {
         Ok(handle) => {
             tracing::info!(programs = ?handle.attached_programs(), pins = %handle.pin_dir().display(),
                 "eBPF PLEG hints attached");
-            let handle = Arc::new(handle);
-            tokio::spawn(copy_drops_to_metrics(
-                Arc::downgrade(&handle),
-                metrics.clone(),
-            ));
             Ok(Some(HintSource {
-                channel: HintChannel { hints, refresh },
+                channel: HintChannel {
+                    hints,
+                    refresh,
+                    check: handle.source_check(),
+                },
                 handle,
             }))
         }
         Err(err) => unavailable(err),
-    }
-}
-
-async fn copy_drops_to_metrics(handle: Weak<EbpfHandle>, metrics: Metrics) {
-    let mut tick = tokio::time::interval(DROPS_METRIC_PERIOD);
-    loop {
-        tick.tick().await;
-        let Some(handle) = handle.upgrade() else {
-            return;
-        };
-        metrics.set_ring_buffer_drops_total(handle.dropped_events());
     }
 }

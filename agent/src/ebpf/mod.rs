@@ -35,11 +35,10 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{BtfTracePoint, ProgramError, ProgramType};
 use aya::{Btf, BtfError, EbpfLoader};
 use nix::fcntl::{Flock, FlockArg};
-use tokio::io::unix::AsyncFd;
+use rustix::event::{EventfdFlags, eventfd};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
-use crate::pleg::Hint;
+use crate::pleg::{Hint, HintSourceCheck};
 
 pub use hint_source::{HintSource, start_hint_source};
 pub use paths::{CgroupOwner, CgroupOwners, parse_cgroup_path};
@@ -132,8 +131,12 @@ pub enum EbpfError {
         #[source]
         source: Box<aya::pin::PinError>,
     },
-    #[error("the eBPF hint source must start inside a tokio runtime")]
-    NoRuntime,
+    #[error("{what} for the ring-buffer reader")]
+    Reader {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// How to run the eBPF hint source.
@@ -168,10 +171,11 @@ pub(crate) struct Counters {
     pub resyncs: AtomicU64,
 }
 
-/// The running hint source. Dropping it stops the reader, detaches the programs and removes the
-/// pins.
+/// The running hint source. Dropping it stops the reader (and waits for its thread), detaches the
+/// programs and removes the pins.
 pub struct EbpfHandle {
-    reader: JoinHandle<()>,
+    // Fields drop in order: the reader stops before the programs and pins go.
+    reader: reader::ReaderThread,
     pins: Pins,
     drops: Arc<PerCpuArray<MapData, u64>>,
     counters: Arc<Counters>,
@@ -221,12 +225,10 @@ impl EbpfHandle {
     pub fn pin_dir(&self) -> &Path {
         &self.pins.dir
     }
-}
 
-impl Drop for EbpfHandle {
-    fn drop(&mut self) {
-        // The pins go when the fields drop, after this.
-        self.reader.abort();
+    /// Makes the reader read the drop counter now (the PLEG asks at every full relist).
+    pub fn source_check(&self) -> HintSourceCheck {
+        self.reader.check()
     }
 }
 
@@ -284,13 +286,16 @@ pub fn probe() -> Result<Btf, EbpfError> {
     Ok(btf)
 }
 
-/// Loads, attaches and pins the programs and starts the ring-buffer reader, which sends one hint
-/// per kernel event on `hints` (and `Hint::Resync` when events were lost). Must run inside a tokio
-/// runtime.
-pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHandle, EbpfError> {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return Err(EbpfError::NoRuntime);
-    }
+/// Loads, attaches and pins the programs and starts the ring-buffer reader on its own thread, which
+/// sends one hint per kernel event on `hints` (and `Hint::Resync` when events were lost) and gives
+/// `on_drops` the kernel's drop counter (events lost, summed over CPUs) every time it reads it: on
+/// each wake-up and each [`EbpfHandle::source_check`] request. `on_drops` runs on the reader
+/// thread, so it must be quick.
+pub fn start(
+    options: EbpfOptions,
+    hints: mpsc::Sender<Hint>,
+    on_drops: impl FnMut(u64) + Send + 'static,
+) -> Result<EbpfHandle, EbpfError> {
     let page_size = page_size();
     let bytes = options.ring_buffer_bytes;
     if !bytes.is_power_of_two() || u64::from(bytes) < page_size || u64::from(bytes) % page_size != 0
@@ -344,16 +349,6 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
 
     let events_map = take_map(&mut ebpf, ringlet_ebpf::EVENTS_MAP)?;
     let ring = RingBuf::try_from(events_map).map_err(|e| map_error(ringlet_ebpf::EVENTS_MAP, e))?;
-    // SAFETY: the RingBuf owns its map's fd and never replaces it, so the fd stays open and the same
-    // for as long as the AsyncFd owns the RingBuf.
-    let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|error| {
-            io_error(
-                "registering the ring buffer with tokio",
-                &pins.dir.join(ringlet_ebpf::EVENTS_MAP),
-                error.into_parts().1,
-            )
-        })?;
     let drops_map = take_map(&mut ebpf, ringlet_ebpf::DROPS_MAP)?;
     let drops = Arc::new(
         PerCpuArray::try_from(drops_map).map_err(|e| map_error(ringlet_ebpf::DROPS_MAP, e))?,
@@ -362,16 +357,27 @@ pub fn start(options: EbpfOptions, hints: mpsc::Sender<Hint>) -> Result<EbpfHand
     let mut owners = CgroupOwners::new(pods.to_path_buf());
     owners.scan();
     let counters = Arc::new(Counters::default());
-    let reader = tokio::spawn(
-        reader::Reader::new(
+    let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|errno| {
+        EbpfError::Reader {
+            what: "creating an eventfd",
+            source: errno.into(),
+        }
+    })?;
+    let reader = reader::ReaderThread::spawn(
+        reader::Reader {
             ring,
-            Arc::clone(&drops),
+            drops: Arc::clone(&drops),
+            on_drops: Box::new(on_drops),
             owners,
             hints,
-            Arc::clone(&counters),
-        )
-        .run(),
-    );
+            counters: Arc::clone(&counters),
+        },
+        wake,
+    )
+    .map_err(|source| EbpfError::Reader {
+        what: "starting a thread",
+        source,
+    })?;
     tracing::info!(
         pods_cgroup = %pods.display(),
         pods_cgroup_id = pods_id,
@@ -680,25 +686,14 @@ mod tests {
 
     #[test]
     fn ring_buffer_sizes_are_checked_before_anything_is_loaded() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let _guard = runtime.enter();
         let (tx, _rx) = mpsc::channel(1);
         let options = EbpfOptions {
             ring_buffer_bytes: 5000,
             ..EbpfOptions::new(PathBuf::from("/nonexistent"))
         };
         assert!(matches!(
-            start(options, tx),
+            start(options, tx, |_| {}),
             Err(EbpfError::RingBufferSize { bytes: 5000, .. })
         ));
-    }
-
-    #[test]
-    fn starting_outside_a_runtime_is_an_error() {
-        let (tx, _rx) = mpsc::channel(1);
-        let options = EbpfOptions::new(PathBuf::from("/nonexistent"));
-        assert!(matches!(start(options, tx), Err(EbpfError::NoRuntime)));
     }
 }

@@ -1,22 +1,34 @@
 //! The ring-buffer reader: takes kernel events off the BPF ring buffer, resolves their cgroup to a
 //! pod and container, and sends PLEG hints; turns lost events (failed reservations in the kernel, a
 //! full hint channel) into one `Hint::Resync`. Never blocks on the hint channel.
+//!
+//! It runs on its own thread (`ringlet-ebpf-reader`), blocked in `poll(2)` on the ring buffer and an
+//! eventfd, so no task on the agent's runtimes can delay it and an idle reader costs nothing: it
+//! wakes when the kernel writes events, when the PLEG asks it to check for lost events (at every
+//! full relist), when the hint channel has room for a resync it owes, and to stop. It reads the
+//! kernel's drop counter on every wake-up.
 
+use std::future::Future;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::JoinHandle;
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use ringlet_ebpf::RawEvent;
-use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc::{self, error::TrySendError};
+use rustix::event::{PollFd, PollFlags, poll};
+use tokio::sync::mpsc::error::{SendError, TrySendError};
+use tokio::sync::mpsc::{self, OwnedPermit};
 
 use super::paths::{CgroupOwners, parse_cgroup_path};
 use super::{Counters, read_drops};
-use crate::pleg::{Hint, HintKind, PodHint};
+use crate::pleg::{Hint, HintKind, HintSourceCheck, PodHint};
 
-/// How often the drop counter is read when no events arrive (after every batch too).
-const DROP_POLL: Duration = Duration::from_millis(100);
+/// The reader thread's name (`comm` shows its first 15 bytes, `ringlet-ebpf-re`).
+const THREAD_NAME: &str = "ringlet-ebpf-reader";
 
 /// The hint one kernel event means, or `None` when it concerns no pod cgroup (or, for cgroup
 /// events, a cgroup that is not a container's own). Updates `owners` from mkdir/rmdir events.
@@ -67,69 +79,158 @@ pub fn decode(event: &RawEvent, owners: &mut CgroupOwners) -> Option<PodHint> {
 /// Why the reader stopped sending.
 struct Closed;
 
+/// What the reader works with.
 pub(super) struct Reader {
-    ring: AsyncFd<RingBuf<MapData>>,
-    drops: Arc<PerCpuArray<MapData, u64>>,
-    owners: CgroupOwners,
-    hints: mpsc::Sender<Hint>,
-    counters: Arc<Counters>,
-    drops_seen: u64,
-    /// A resync owed to the PLEG, with its reason, until the channel has room for it.
-    resync: Option<String>,
+    pub(super) ring: RingBuf<MapData>,
+    pub(super) drops: Arc<PerCpuArray<MapData, u64>>,
+    /// Gets the kernel's drop counter (summed over CPUs) each time the reader reads it.
+    pub(super) on_drops: Box<dyn FnMut(u64) + Send>,
+    pub(super) owners: CgroupOwners,
+    pub(super) hints: mpsc::Sender<Hint>,
+    pub(super) counters: Arc<Counters>,
 }
 
-impl Reader {
-    pub(super) fn new(
-        ring: AsyncFd<RingBuf<MapData>>,
-        drops: Arc<PerCpuArray<MapData, u64>>,
-        owners: CgroupOwners,
-        hints: mpsc::Sender<Hint>,
-        counters: Arc<Counters>,
+/// The running reader thread. Dropping it stops the thread and waits for it, so the ring buffer
+/// and the hint sender are released when the drop returns.
+pub(super) struct ReaderThread {
+    wake: HintSourceCheck,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ReaderThread {
+    /// Starts `reader` on its own thread, woken through `eventfd` (non-blocking).
+    pub(super) fn spawn(reader: Reader, eventfd: OwnedFd) -> io::Result<Self> {
+        let eventfd = Arc::new(eventfd);
+        let wake = HintSourceCheck::new(Arc::clone(&eventfd));
+        let stop = Arc::new(AtomicBool::new(false));
+        let running = Running::new(reader, eventfd, Arc::clone(&stop), wake.clone());
+        let thread = std::thread::Builder::new()
+            .name(THREAD_NAME.to_owned())
+            .spawn(move || running.run())?;
+        Ok(Self {
+            wake,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks the reader to read the drop counter now.
+    pub(super) fn check(&self) -> HintSourceCheck {
+        self.wake.clone()
+    }
+}
+
+impl Drop for ReaderThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Any wake-up makes the thread look at the stop flag.
+        self.wake.request();
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the eBPF ring-buffer reader thread panicked");
+        }
+    }
+}
+
+/// The hint channel's room for a resync the reader owes.
+type Room = Pin<Box<dyn Future<Output = Result<OwnedPermit<Hint>, SendError<()>>> + Send>>;
+
+/// A resync owed to the PLEG until the channel has room for it.
+struct OwedResync {
+    reason: String,
+    room: Room,
+}
+
+/// Wakes the reader thread when the hint channel has room for an owed resync, so the reader need
+/// not poll for it.
+struct RoomWaker(HintSourceCheck);
+
+impl Wake for RoomWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.request();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.request();
+    }
+}
+
+/// The reader on its thread.
+struct Running {
+    reader: Reader,
+    eventfd: Arc<OwnedFd>,
+    stop: Arc<AtomicBool>,
+    room_waker: Waker,
+    drops_seen: u64,
+    resync: Option<OwedResync>,
+}
+
+impl Running {
+    fn new(
+        reader: Reader,
+        eventfd: Arc<OwnedFd>,
+        stop: Arc<AtomicBool>,
+        wake: HintSourceCheck,
     ) -> Self {
-        let drops_seen = read_drops(&drops);
+        let drops_seen = read_drops(&reader.drops);
         Self {
-            ring,
-            drops,
-            owners,
-            hints,
-            counters,
+            reader,
+            eventfd,
+            stop,
+            room_waker: Waker::from(Arc::new(RoomWaker(wake))),
             drops_seen,
             resync: None,
         }
     }
 
-    pub(super) async fn run(mut self) {
-        let mut poll = tokio::time::interval(DROP_POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    fn run(mut self) {
         loop {
-            tokio::select! {
-                ready = self.ring.readable_mut() => match ready {
-                    Ok(mut guard) => {
-                        let events = drain(guard.get_inner_mut());
-                        guard.clear_ready();
-                        if self.handle(&events).is_err() {
-                            return;
-                        }
-                    }
-                    Err(error) => {
-                        tracing::error!(%error, "polling the BPF ring buffer; the eBPF hint source stops");
-                        return;
-                    }
-                },
-                _ = poll.tick() => {}
+            if let Err(error) = self.wait() {
+                tracing::error!(%error, "polling the BPF ring buffer; the eBPF hint source stops");
+                return;
             }
-            if self.check_drops().is_err() {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let events = drain(&mut self.reader.ring);
+            // Closed: the PLEG is gone, nobody needs hints any more.
+            if self.handle(&events).is_err() || self.check_drops().is_err() {
                 return;
             }
         }
     }
 
+    /// Blocks until the ring buffer has events or the eventfd was written (and resets it).
+    fn wait(&mut self) -> io::Result<()> {
+        let mut fds = [
+            PollFd::new(&self.reader.ring, PollFlags::IN),
+            PollFd::new(&*self.eventfd, PollFlags::IN),
+        ];
+        loop {
+            match poll(&mut fds, None) {
+                Ok(_) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        if fds[1].revents().contains(PollFlags::IN) {
+            match rustix::io::read(&*self.eventfd, &mut [0; 8]) {
+                Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
     fn handle(&mut self, events: &[RawEvent]) -> Result<(), Closed> {
-        self.counters
+        self.reader
+            .counters
             .events_read
             .fetch_add(events.len() as u64, Ordering::Relaxed);
         for event in events {
-            if let Some(hint) = decode(event, &mut self.owners) {
+            if let Some(hint) = decode(event, &mut self.reader.owners) {
                 self.send(Hint::Pod(hint))?;
             } else {
                 tracing::trace!(
@@ -143,7 +244,8 @@ impl Reader {
     }
 
     fn check_drops(&mut self) -> Result<(), Closed> {
-        let drops = read_drops(&self.drops);
+        let drops = read_drops(&self.reader.drops);
+        (self.reader.on_drops)(drops);
         if drops > self.drops_seen {
             let lost = drops - self.drops_seen;
             self.drops_seen = drops;
@@ -160,25 +262,36 @@ impl Reader {
     }
 
     fn owe_resync(&mut self, reason: String) {
-        self.resync.get_or_insert(reason);
+        if self.resync.is_none() {
+            let sender = self.reader.hints.clone();
+            self.resync = Some(OwedResync {
+                reason,
+                room: Box::pin(sender.reserve_owned()),
+            });
+        }
     }
 
-    /// Sends the owed resync if the channel has room.
+    /// Sends the owed resync if the channel has room; otherwise the room waker wakes the thread
+    /// once it has.
     fn flush_resync(&mut self) -> Result<(), Closed> {
-        let Some(reason) = self.resync.take() else {
+        let Some(owed) = self.resync.as_mut() else {
             return Ok(());
         };
-        match self.hints.try_send(Hint::Resync { reason }) {
-            Ok(()) => {
-                self.counters.resyncs.fetch_add(1, Ordering::Relaxed);
+        match owed
+            .room
+            .as_mut()
+            .poll(&mut Context::from_waker(&self.room_waker))
+        {
+            Poll::Pending => Ok(()),
+            Poll::Ready(Err(SendError(()))) => Err(Closed),
+            Poll::Ready(Ok(permit)) => {
+                let reason = std::mem::take(&mut owed.reason);
+                self.resync = None;
+                // Counted first: whoever receives the resync may look at the counter at once.
+                self.reader.counters.resyncs.fetch_add(1, Ordering::Relaxed);
+                permit.send(Hint::Resync { reason });
                 Ok(())
             }
-            Err(TrySendError::Full(Hint::Resync { reason })) => {
-                self.resync = Some(reason);
-                Ok(())
-            }
-            Err(TrySendError::Full(_)) => Ok(()),
-            Err(TrySendError::Closed(_)) => Err(Closed),
         }
     }
 
@@ -187,13 +300,19 @@ impl Reader {
     fn send(&mut self, hint: Hint) -> Result<(), Closed> {
         self.flush_resync()?;
         if self.resync.is_some() {
-            self.counters.hints_lost.fetch_add(1, Ordering::Relaxed);
+            self.reader
+                .counters
+                .hints_lost
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        match self.hints.try_send(hint) {
+        match self.reader.hints.try_send(hint) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => {
-                self.counters.hints_lost.fetch_add(1, Ordering::Relaxed);
+                self.reader
+                    .counters
+                    .hints_lost
+                    .fetch_add(1, Ordering::Relaxed);
                 self.owe_resync("the hint channel was full: hints lost".to_owned());
                 Ok(())
             }

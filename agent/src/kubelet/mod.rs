@@ -169,6 +169,7 @@ impl Kubelet {
             Arc::clone(&cache),
             PlegOptions {
                 relist_period: settings.pleg_relist_period,
+                hint_source_check: pleg_hints.as_ref().map(|channel| channel.check.clone()),
                 hints: pleg_hints.map(|channel| channel.hints),
                 metrics: metrics.clone(),
                 latency: latency.clone(),

@@ -120,7 +120,7 @@ fn every_metric_is_exported_with_its_type() {
 }
 
 #[test]
-fn buckets_are_the_kubelets_and_sub_millisecond_for_latency() {
+fn buckets_are_the_kubelets_and_four_per_decade_for_latency() {
     let metrics = Metrics::new().unwrap();
     let (_, samples) = parse(&metrics.render().unwrap());
     let buckets = |family: &str| -> BTreeSet<String> {
@@ -141,11 +141,29 @@ fn buckets_are_the_kubelets_and_sub_millisecond_for_latency() {
         buckets("kubelet_pod_start_duration_seconds").len(),
         POD_START_BUCKETS.len() + 1
     );
-    let latency = buckets("ringlet_pleg_event_latency_seconds");
-    assert!(
-        latency.contains("0.00005") && latency.contains("0.0005"),
-        "{latency:?}"
-    );
+    for family in [
+        "ringlet_pleg_event_latency_seconds",
+        "ringlet_pod_status_latency_seconds",
+        "ringlet_pleg_runtime_lag_seconds",
+    ] {
+        let mut bounds: Vec<f64> = buckets(family)
+            .iter()
+            .filter(|le| *le != "+Inf")
+            .map(|le| le.parse().unwrap())
+            .collect();
+        bounds.sort_by(f64::total_cmp);
+        assert_eq!(bounds.first(), Some(&1e-5), "{family}: {bounds:?}");
+        assert_eq!(bounds.last(), Some(&10.0), "{family}: {bounds:?}");
+        // At least four buckets per decade: no step wider than 10^(1/4), give or take the rounding.
+        for pair in bounds.windows(2) {
+            assert!(
+                pair[1] / pair[0] <= 10f64.powf(0.25) * 1.001,
+                "{family}: {} → {}",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
 }
 
 #[test]
@@ -183,7 +201,7 @@ fn updates_show_in_the_output() {
         0.0
     );
     assert_eq!(
-        samples["ringlet_pleg_event_latency_seconds_bucket{le=\"0.00005\"}"],
+        samples["ringlet_pleg_event_latency_seconds_bucket{le=\"0.0000562\"}"],
         0.0
     );
     assert_eq!(

@@ -56,6 +56,8 @@ pub struct PlegOptions {
     pub relist_period: Option<Duration>,
     /// The hint source; `Some` runs the PLEG in ebpf mode, `None` in relist mode.
     pub hints: Option<mpsc::Receiver<Hint>>,
+    /// Asked at the start of every full relist to check the hint source for lost events.
+    pub hint_source_check: Option<super::HintSourceCheck>,
     pub metrics: Metrics,
     /// Where the PLEG leaves hint times for the kernel → status latency.
     pub latency: LatencyTracker,
@@ -85,6 +87,7 @@ pub struct GenericPleg {
     reinspect: HashSet<PodUid>,
     first_relist_done: bool,
     hints: Option<mpsc::Receiver<Hint>>,
+    hint_source_check: Option<super::HintSourceCheck>,
     queue: HintQueue,
     full_relist_requested: bool,
     metrics: Metrics,
@@ -122,6 +125,7 @@ impl GenericPleg {
             reinspect: HashSet::new(),
             first_relist_done: false,
             hints: options.hints,
+            hint_source_check: options.hint_source_check,
             queue: HintQueue::default(),
             full_relist_requested: false,
             metrics: options.metrics,
@@ -382,6 +386,10 @@ impl GenericPleg {
     /// One full relist. A failed listing leaves everything (including the health timestamp) as it
     /// was.
     async fn relist(&mut self) {
+        // Asking here is what lets an idle hint source notice lost events without a timer.
+        if let Some(check) = &self.hint_source_check {
+            check.request();
+        }
         let start = Instant::now();
         self.metrics.inc_relist(RelistType::Full);
         if let Some(last) = self.shared.last_full_relist() {

@@ -4,6 +4,9 @@
 //! that death first). Corresponds to nothing in the kubelet: upstream's Evented PLEG wrote the cache
 //! from every runtime event, which is what this design avoids.
 
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
 use tokio::sync::mpsc;
 
 use crate::container::{ContainerId, PodUid};
@@ -56,12 +59,40 @@ pub enum Hint {
     },
 }
 
-/// The PLEG's end of a hint source: the hints, and a weak way back in through which pod workers ask
-/// for [`Hint::Refresh`]. The weak sender does not keep the channel open, so the PLEG still sees the
-/// hint source go away and falls back to relisting.
+/// The PLEG's end of a hint source: the hints, a weak way back in through which pod workers ask
+/// for [`Hint::Refresh`], and the way to ask the source to look for lost events. The weak sender
+/// does not keep the channel open, so the PLEG still sees the hint source go away and falls back to
+/// relisting.
 pub struct HintChannel {
     pub hints: mpsc::Receiver<Hint>,
     pub refresh: mpsc::WeakSender<Hint>,
+    pub check: HintSourceCheck,
+}
+
+/// Asks a hint source to check now whether it lost events (the eBPF reader then reads the kernel's
+/// drop counter and sends [`Hint::Resync`] if it grew). The PLEG asks at the start of every full
+/// relist: with the source's own wake-ups on events, that covers an idle source without a timer.
+/// Cloneable; clones reach the same source.
+#[derive(Clone, Debug)]
+pub struct HintSourceCheck {
+    /// The source's eventfd: every write wakes it.
+    wake: Arc<OwnedFd>,
+}
+
+impl HintSourceCheck {
+    /// Requests go to the source blocked on `eventfd` (non-blocking, so a request never waits).
+    pub fn new(eventfd: Arc<OwnedFd>) -> Self {
+        Self { wake: eventfd }
+    }
+
+    /// Wakes the source to check; never blocks.
+    pub fn request(&self) {
+        match rustix::io::write(&*self.wake, &1_u64.to_ne_bytes()) {
+            // The counter is full only when requests are already pending, which ask the same.
+            Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
+            Err(error) => tracing::warn!(%error, "waking the hint source to check for lost events"),
+        }
+    }
 }
 
 impl HintChannel {

@@ -19,7 +19,7 @@ mod queue;
 
 pub use generic::{GenericPleg, PlegOptions};
 pub use health::PlegHandle;
-pub use hints::{Hint, HintChannel, HintKind, PodHint};
+pub use hints::{Hint, HintChannel, HintKind, HintSourceCheck, PodHint};
 pub use latency::{LatencyTracker, monotonic_now_ns};
 
 use std::time::Duration;

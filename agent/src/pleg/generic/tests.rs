@@ -213,6 +213,7 @@ fn setup() -> (
         PlegOptions {
             relist_period: None,
             hints: None,
+            hint_source_check: None,
             latency: LatencyTracker::new(metrics.clone(), EventBroadcaster::default()),
             metrics,
             broadcaster: EventBroadcaster::default(),
@@ -566,6 +567,7 @@ async fn start_ebpf_with(
         PlegOptions {
             relist_period: period,
             hints: Some(hint_rx),
+            hint_source_check: None,
             metrics: metrics.clone(),
             latency: latency.clone(),
             broadcaster: broadcaster.clone(),
@@ -1276,4 +1278,52 @@ async fn a_full_relist_keeps_the_kernels_exit_until_the_runtime_reports_it() {
         "the relist does not undo the exit"
     );
     assert_eq!(cached_c1(&t).state, ContainerState::Exited);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_full_relist_asks_the_hint_source_to_check_for_lost_events() {
+    use rustix::event::{EventfdFlags, eventfd};
+    let eventfd = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap());
+    // The eventfd's counter: the requests since the last read.
+    let requests = || {
+        let mut count = [0; 8];
+        match rustix::io::read(&*eventfd, &mut count) {
+            Ok(_) => u64::from_ne_bytes(count),
+            Err(rustix::io::Errno::AGAIN) => 0,
+            Err(error) => panic!("reading the eventfd: {error}"),
+        }
+    };
+    let runtime = Arc::new(FakeRuntime::default());
+    runtime.set_pods(running_p());
+    let metrics = Metrics::new().unwrap();
+    let (hints, hint_rx) = mpsc::channel(16);
+    let (pleg, _handle, _events) = GenericPleg::new(
+        Arc::clone(&runtime) as Arc<dyn Runtime>,
+        Arc::new(PodCache::new()),
+        PlegOptions {
+            relist_period: Some(Duration::from_mins(1)),
+            hints: Some(hint_rx),
+            hint_source_check: Some(crate::pleg::HintSourceCheck::new(Arc::clone(&eventfd))),
+            latency: LatencyTracker::new(metrics.clone(), EventBroadcaster::default()),
+            metrics,
+            broadcaster: EventBroadcaster::default(),
+            init_processes: InitProcesses::default(),
+        },
+    );
+    tokio::spawn(pleg.run());
+    settle().await;
+    assert_eq!(runtime.take_list_calls(), 1);
+    assert_eq!(requests(), 1, "the first full relist asks");
+    runtime.take_status_calls();
+    hints
+        .send(pod_hint("p", HintKind::Started, "c1"))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(runtime.take_status_calls(), vec![PodUid::from("p")]);
+    assert_eq!(requests(), 0, "a targeted relist does not");
+    tokio::time::advance(Duration::from_mins(1)).await;
+    settle().await;
+    assert_eq!(runtime.take_list_calls(), 1);
+    assert_eq!(requests(), 1, "the safety relist asks");
 }
