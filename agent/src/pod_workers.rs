@@ -61,14 +61,13 @@ pub struct SyncError {
 /// The three steps of a pod's life, implemented by the kubelet.
 #[async_trait]
 pub trait PodSyncer: Send + Sync + 'static {
-    /// Brings the pod towards its spec. Returns `true` when the pod reached a terminal phase
-    /// (Succeeded or Failed) and should be terminated.
+    /// Brings the pod towards its spec.
     async fn sync_pod(
         &self,
         pod: &Pod,
         status: &PodStatus,
         update_type: UpdateType,
-    ) -> Result<bool, SyncError>;
+    ) -> Result<SyncOutcome, SyncError>;
 
     /// Stops every container and the sandbox of the pod.
     async fn sync_terminating_pod(
@@ -85,6 +84,16 @@ pub trait PodSyncer: Send + Sync + 'static {
         status: &PodStatus,
         pod_removed: bool,
     ) -> Result<(), SyncError>;
+}
+
+/// What a successful `sync_pod` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// The pod reached a terminal phase (Succeeded or Failed) and should be terminated.
+    pub terminal: bool,
+    /// The sync asked the runtime to change something (create, start or kill), so the next sync
+    /// must see a runtime read taken after it.
+    pub changed_runtime: bool,
 }
 
 /// Pods due for a resync (the kubelet's `queue.WorkQueue`), drained by the sync loop's 1 s tick.
@@ -317,7 +326,10 @@ fn pod_label(pod: &Pod) -> String {
 }
 
 async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
-    let mut last_sync: Option<Instant> = None;
+    // A sync acts on a runtime read taken after the last sync that changed the runtime, so it never
+    // misses what the worker did itself; a read older than a sync that changed nothing is as good,
+    // which lets a kernel-published exit be acted on without waiting for a new read.
+    let mut last_change: Option<Instant> = None;
     loop {
         let step = {
             let mut workers = shared
@@ -333,9 +345,18 @@ async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
             wake.notified().await;
             continue;
         };
-        let status = shared.cache.get_newer_than(&uid, last_sync).await;
+        let status = shared.cache.get_newer_than(&uid, last_change).await;
         let outcome = perform(&shared, &step, &status).await;
-        last_sync = Some(Instant::now());
+        if !matches!(
+            outcome,
+            Ok(Performed {
+                changed_runtime: false,
+                ..
+            })
+        ) {
+            last_change = Some(Instant::now());
+        }
+        let outcome = outcome.map(|performed| performed.phase);
         let mut workers = shared
             .workers
             .lock()
@@ -364,19 +385,24 @@ async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
     }
 }
 
-/// Runs one step and returns the phase the worker is in afterwards.
-async fn perform(
-    shared: &Shared,
-    step: &Step,
-    status: &PodStatus,
-) -> Result<WorkerPhase, SyncError> {
+/// What one step did: the phase the worker is in afterwards, and whether the runtime changed.
+struct Performed {
+    phase: WorkerPhase,
+    changed_runtime: bool,
+}
+
+/// Runs one step. Stopping and cleaning up always count as changing the runtime.
+async fn perform(shared: &Shared, step: &Step, status: &PodStatus) -> Result<Performed, SyncError> {
     match step {
         Step::Sync(pod, update_type) => {
-            let terminal = shared.syncer.sync_pod(pod, status, *update_type).await?;
-            Ok(if terminal {
-                WorkerPhase::Terminating
-            } else {
-                WorkerPhase::Syncing
+            let outcome = shared.syncer.sync_pod(pod, status, *update_type).await?;
+            Ok(Performed {
+                phase: if outcome.terminal {
+                    WorkerPhase::Terminating
+                } else {
+                    WorkerPhase::Syncing
+                },
+                changed_runtime: outcome.changed_runtime,
             })
         }
         Step::Terminate(pod, grace) => {
@@ -384,14 +410,20 @@ async fn perform(
                 .syncer
                 .sync_terminating_pod(pod, status, *grace)
                 .await?;
-            Ok(WorkerPhase::Terminated { cleaned_up: false })
+            Ok(Performed {
+                phase: WorkerPhase::Terminated { cleaned_up: false },
+                changed_runtime: true,
+            })
         }
         Step::CleanUp(pod, removed) => {
             shared
                 .syncer
                 .sync_terminated_pod(pod, status, *removed)
                 .await?;
-            Ok(WorkerPhase::Terminated { cleaned_up: true })
+            Ok(Performed {
+                phase: WorkerPhase::Terminated { cleaned_up: true },
+                changed_runtime: true,
+            })
         }
     }
 }
@@ -412,6 +444,8 @@ mod tests {
     struct Recording {
         calls: mpsc::UnboundedSender<Call>,
         terminal_after_sync: bool,
+        /// Whether a sync reports that it changed the runtime.
+        changes_runtime: bool,
         /// Each sync waits for a permit, so tests can hold a worker busy.
         gate: Arc<tokio::sync::Semaphore>,
         fail_terminate_once: Mutex<bool>,
@@ -424,11 +458,14 @@ mod tests {
             pod: &Pod,
             _status: &PodStatus,
             update_type: UpdateType,
-        ) -> Result<bool, SyncError> {
+        ) -> Result<SyncOutcome, SyncError> {
             self.gate.acquire().await.unwrap().forget();
             let image = pod.metadata.name.clone().unwrap();
             self.calls.send(Call::Sync(image, update_type)).unwrap();
-            Ok(self.terminal_after_sync)
+            Ok(SyncOutcome {
+                terminal: self.terminal_after_sync,
+                changed_runtime: self.changes_runtime,
+            })
         }
 
         async fn sync_terminating_pod(
@@ -489,11 +526,21 @@ mod tests {
     }
 
     fn fixture(terminal_after_sync: bool, fail_terminate_once: bool, permits: usize) -> Fixture {
+        fixture_with(terminal_after_sync, fail_terminate_once, permits, true)
+    }
+
+    fn fixture_with(
+        terminal_after_sync: bool,
+        fail_terminate_once: bool,
+        permits: usize,
+        changes_runtime: bool,
+    ) -> Fixture {
         let (tx, calls) = mpsc::unbounded_channel();
         let gate = Arc::new(tokio::sync::Semaphore::new(permits));
         let syncer = Arc::new(Recording {
             calls: tx,
             terminal_after_sync,
+            changes_runtime,
             gate: Arc::clone(&gate),
             fail_terminate_once: Mutex::new(fail_terminate_once),
         });
@@ -519,6 +566,35 @@ mod tests {
     async fn relist(workers: &PodWorkers) {
         tokio::time::advance(Duration::from_millis(1)).await;
         workers.shared.cache.update_time(Instant::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sync_that_changed_the_runtime_waits_for_a_newer_read_and_one_that_did_not_does_not()
+    {
+        for changes_runtime in [true, false] {
+            let mut f = fixture_with(false, false, 10, changes_runtime);
+            f.workers.update_pod(update("v1", UpdateType::Create));
+            assert_eq!(
+                f.calls.recv().await,
+                Some(Call::Sync("v1".into(), UpdateType::Create))
+            );
+            f.workers.update_pod(update("v2", UpdateType::Update));
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            if changes_runtime {
+                assert!(
+                    f.calls.try_recv().is_err(),
+                    "the next sync must see what the last one did"
+                );
+                relist(&f.workers).await;
+            }
+            assert_eq!(
+                f.calls.recv().await,
+                Some(Call::Sync("v2".into(), UpdateType::Update)),
+                "changes_runtime={changes_runtime}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

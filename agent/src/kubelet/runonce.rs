@@ -120,7 +120,7 @@ impl Kubelet {
                 return Ok(());
             }
             match self.syncer.sync_pod(pod, &status, UpdateType::Create).await {
-                Ok(true) => {
+                Ok(outcome) if outcome.terminal => {
                     let phase = self
                         .status
                         .get_pod_status(&uid)
@@ -132,7 +132,7 @@ impl Kubelet {
                         Err(format!("pod finished in phase {phase}"))
                     };
                 }
-                Ok(false) => {}
+                Ok(_) => {}
                 Err(err) => last_error = err.to_string(),
             }
             tokio::time::sleep(delay).await;

@@ -17,7 +17,7 @@ use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::objects::ApiObjects;
 use crate::pleg::LatencyTracker;
-use crate::pod_workers::{PodSyncer, SyncError, UpdateType};
+use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome, UpdateType};
 use crate::podconfig::CONFIG_SEEN_ANNOTATION;
 use crate::prober::ProbeHandle;
 use crate::status::{ReasonCache, StatusInputs, StatusManager, generate_api_pod_status};
@@ -177,10 +177,13 @@ impl PodSyncer for KubeletSyncer {
         pod: &Pod,
         status: &PodStatus,
         update_type: UpdateType,
-    ) -> Result<bool, SyncError> {
+    ) -> Result<SyncOutcome, SyncError> {
         let phase = self.update_status(pod, status, false);
         if is_terminal_phase(phase.as_deref()) {
-            return Ok(true);
+            return Ok(SyncOutcome {
+                terminal: true,
+                changed_runtime: false,
+            });
         }
         let host_network = pod
             .spec
@@ -206,7 +209,10 @@ impl PodSyncer for KubeletSyncer {
         let result = self.runtime.sync_pod(pod, status).await;
         self.reasons.update(&uid_of(pod), &result);
         match result.first_failure() {
-            None => Ok(false),
+            None => Ok(SyncOutcome {
+                terminal: false,
+                changed_runtime: !result.results.is_empty(),
+            }),
             Some((failed, failure)) => {
                 // A back-off is not a failure of the sync: the runtime manager has already
                 // recorded the container's BackOff event, and the retry comes after the back-off.
