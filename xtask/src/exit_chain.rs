@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::{cmd, http};
+use crate::{benchkit, cmd, http};
 
 /// The example pod whose container the demo kills (restartPolicy Always: it comes back).
 const POD: &str = "web-ringlet-demo";
@@ -74,20 +74,6 @@ fn running_container(read_only_port: u16) -> Option<String> {
     Some(id.trim_start_matches("containerd://").to_owned())
 }
 
-/// The host pid of container `id`'s init, from containerd's task list.
-fn init_pid(id: &str) -> Result<u32> {
-    let listing = cmd::output(Command::new("ctr").args(["-n", "k8s.io", "tasks", "ls"]))?;
-    let line = listing
-        .lines()
-        .find(|l| l.starts_with(id))
-        .with_context(|| format!("containerd has no task for container {id}"))?;
-    line.split_whitespace()
-        .nth(1)
-        .context("no pid column in `ctr tasks ls`")?
-        .parse()
-        .context("the pid column of `ctr tasks ls` is not a number")
-}
-
 /// The stages of one exit, as `ringlet events` names them, in the order they happen.
 const STAGES: [(&str, &str); 3] = [
     ("ContainerDied", "PLEG event (ContainerDied)"),
@@ -96,7 +82,9 @@ const STAGES: [(&str, &str); 3] = [
 ];
 
 fn kill_and_trace(watcher: &mut Child, container_id: &str) -> Result<()> {
-    let pid = init_pid(container_id)?;
+    let pid = *benchkit::task_pids()?
+        .get(container_id)
+        .with_context(|| format!("containerd runs no task for container {container_id}"))?;
     let stdout = watcher
         .stdout
         .take()
