@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::time::Instant;
@@ -31,6 +32,9 @@ use crate::container::{
 };
 use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::{HintLabel, Metrics, RelistType};
+
+/// How many init pids the PLEG reads from the runtime at once.
+const INIT_PID_READS: usize = 8;
 
 /// The PLEG's coarse view of a container or sandbox (the kubelet's `plegContainerState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -355,8 +359,17 @@ impl GenericPleg {
             .filter(|c| !self.init_processes.settled(&c.id))
             .map(|c| c.id.clone())
             .collect();
-        for id in unknown {
-            match self.runtime.container_init_pid(&id).await {
+        // An agent restarted on a full node adopts every container at once: read a few at a time.
+        let reads = unknown.into_iter().map(|id| {
+            let runtime = Arc::clone(&self.runtime);
+            async move {
+                let read = runtime.container_init_pid(&id).await;
+                (id, read)
+            }
+        });
+        let mut reads = futures::stream::iter(reads).buffer_unordered(INIT_PID_READS);
+        while let Some((id, read)) = reads.next().await {
+            match read {
                 Ok(pid) => self.init_processes.reported(&id, pid),
                 Err(error) => {
                     tracing::debug!(container = %id, %error, "cannot read the container's init pid");
