@@ -26,7 +26,8 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/ringlet";
 const QUIET_WAIT: Duration = Duration::from_mins(15);
 const QUIET_FOR: Duration = Duration::from_secs(20);
 
-/// `binary`, or `target/release/ringlet` freshly built.
+/// `binary`, or `release/ringlet` freshly built in cargo's target directory (`CARGO_TARGET_DIR`,
+/// relative to the workspace, else `target`).
 pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
     if let Some(binary) = binary {
         return Ok(binary.to_path_buf());
@@ -36,7 +37,10 @@ pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
             .current_dir(root)
             .args(["build", "--release", "-p", "ringlet"]),
     )?;
-    Ok(root.join("target/release/ringlet"))
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| root.join("target"), |d| root.join(d));
+    Ok(target.join("release/ringlet"))
 }
 
 /// A running agent (ringlet, or the upstream kubelet it is compared with) that is stopped
