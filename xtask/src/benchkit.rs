@@ -3,6 +3,7 @@
 //! containerd task listings, and the commit/machine description each result file carries.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -25,7 +26,8 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/ringlet";
 const QUIET_WAIT: Duration = Duration::from_mins(15);
 const QUIET_FOR: Duration = Duration::from_secs(20);
 
-/// `binary`, or `target/release/ringlet` freshly built.
+/// `binary`, or `release/ringlet` freshly built in cargo's target directory (`CARGO_TARGET_DIR`,
+/// relative to the workspace, else `target`).
 pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
     if let Some(binary) = binary {
         return Ok(binary.to_path_buf());
@@ -35,7 +37,10 @@ pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
             .current_dir(root)
             .args(["build", "--release", "-p", "ringlet"]),
     )?;
-    Ok(root.join("target/release/ringlet"))
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| root.join("target"), |d| root.join(d));
+    Ok(target.join("release/ringlet"))
 }
 
 /// A running agent (ringlet, or the upstream kubelet it is compared with) that is stopped
@@ -438,8 +443,9 @@ pub fn time_exits(
     Ok(samples)
 }
 
-/// Removes the manifests and waits until ringlet has removed every bench container from containerd.
-pub fn cleanup(manifests: &Path, namespace: &str) -> Result<()> {
+/// Removes the manifests and waits until the agent has removed every bench container from
+/// containerd; returns how long that took (containerd is listed every 200 ms).
+pub fn cleanup(manifests: &Path, namespace: &str) -> Result<Duration> {
     for entry in fs::read_dir(manifests)? {
         fs::remove_file(entry?.path())?;
     }
@@ -447,8 +453,9 @@ pub fn cleanup(manifests: &Path, namespace: &str) -> Result<()> {
     loop {
         let left = runtime_containers(namespace)?;
         if left.is_empty() {
-            println!("pods gone after {:.1} s", started.elapsed().as_secs_f64());
-            return Ok(());
+            let took = started.elapsed();
+            println!("pods gone after {:.1} s", took.as_secs_f64());
+            return Ok(took);
         }
         if started.elapsed() > CLEANUP_TIMEOUT {
             bail!(
@@ -522,6 +529,100 @@ fn clock_ticks() -> f64 {
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     #[allow(clippy::cast_precision_loss)]
     if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// `VmRSS` of `pid` in MiB.
+pub fn rss_mib(pid: u32) -> Result<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kib / 1024.0)
+}
+
+/// One line of [`cdf_svg`]: sorted samples in milliseconds.
+pub struct Series<'a> {
+    pub label: String,
+    pub color: &'static str,
+    pub samples_ms: &'a [f64],
+}
+
+/// A hand-written SVG of the CDFs of `series` on a log-scaled time axis, legend top left.
+pub fn cdf_svg(title: &str, series: &[Series]) -> String {
+    const W: f64 = 720.0;
+    const H: f64 = 420.0;
+    const L: f64 = 70.0;
+    const R: f64 = 20.0;
+    const T: f64 = 40.0;
+    const B: f64 = 50.0;
+    let all = series.iter().flat_map(|m| m.samples_ms.iter().copied());
+    let lo = all.clone().fold(f64::INFINITY, f64::min).max(0.01);
+    let hi = all.fold(0.0, f64::max).max(lo * 10.0);
+    let (lo, hi) = (lo.log10().floor(), hi.log10().ceil());
+    let x = |v: f64| L + (v.max(1e-3).log10() - lo) / (hi - lo) * (W - L - R);
+    let y = |p: f64| T + (1.0 - p) * (H - T - B);
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{title}</text>\n",
+        W / 2.0
+    );
+    #[allow(clippy::cast_possible_truncation)]
+    for decade in (lo as i32)..=(hi as i32) {
+        let v = 10f64.powi(decade);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{0:.1}\" y1=\"{T}\" x2=\"{0:.1}\" y2=\"{1}\" stroke=\"#ddd\"/>\
+             <text x=\"{0:.1}\" y=\"{2}\" text-anchor=\"middle\">{v} ms</text>",
+            x(v),
+            H - B,
+            H - B + 18.0
+        );
+    }
+    for p in [0.0, 0.5, 0.99, 1.0] {
+        let _ = writeln!(
+            out,
+            "<line x1=\"{L}\" y1=\"{0:.1}\" x2=\"{1}\" y2=\"{0:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{2}\" y=\"{3:.1}\" text-anchor=\"end\">{p}</text>",
+            y(p),
+            W - R,
+            L - 6.0,
+            y(p) + 4.0
+        );
+    }
+    for (i, m) in series.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let n = m.samples_ms.len() as f64;
+        let mut path = String::new();
+        #[allow(clippy::cast_precision_loss)]
+        for (k, v) in m.samples_ms.iter().enumerate() {
+            let cmd = if k == 0 { 'M' } else { 'L' };
+            let _ = write!(
+                path,
+                "{cmd}{:.1},{:.1} L{:.1},{:.1} ",
+                x(*v),
+                y(k as f64 / n),
+                x(*v),
+                y((k + 1) as f64 / n)
+            );
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let legend_y = T + 16.0 + 18.0 * i as f64;
+        let _ = writeln!(
+            out,
+            "<path d=\"{path}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>\n\
+             <text x=\"{}\" y=\"{legend_y}\" fill=\"{color}\">{}</text>",
+            L + 10.0,
+            m.label,
+            color = m.color,
+        );
+    }
+    out.push_str("</svg>\n");
+    out
 }
 
 /// Writes a bench's results as `bench/results/<name>.json` (the report) and `<name>.md`, and

@@ -871,7 +871,7 @@ async fn idle_window(
         agent.alive()?;
         let now = Instant::now();
         if now >= next_rss {
-            rss.push(rss_mib(pid)?);
+            rss.push(benchkit::rss_mib(pid)?);
             next_rss += RSS_PERIOD;
         }
         if now >= end {
@@ -894,18 +894,6 @@ async fn idle_window(
         },
         (from, to),
     ))
-}
-
-/// `VmRSS` of `pid` in MiB.
-fn rss_mib(pid: u32) -> Result<f64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("reading /proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
-    Ok(kib / 1024.0)
 }
 
 /// Waits until containerd holds none of the bench pods' containers (sandboxes included).

@@ -11,6 +11,7 @@ use std::process::Command;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::benchkit::{Agent, free_port};
 use crate::{cluster, cmd, lab};
 
 /// The env variable naming the upstream kubelet binary (else envtest's `setup.sh` folder).
@@ -45,6 +46,75 @@ pub fn find_kubelet() -> Result<(PathBuf, String), String> {
     let version = cmd::output(Command::new(&path).arg("--version"))
         .map_err(|e| format!("no upstream kubelet at {}: {e:#}", path.display()))?;
     Ok((path, version.trim().to_owned()))
+}
+
+/// Why the kubelet cannot start yet: containerd holds containers of others.
+pub fn containers_of_others() -> Result<Option<String>> {
+    let listing = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
+    let count = listing.lines().filter(|l| !l.trim().is_empty()).count();
+    Ok((count > 0).then(|| format!("containerd holds {count} containers of others")))
+}
+
+/// The upstream kubelet standalone (no API server) as node `node`: static pods from `manifests`,
+/// the lab's containerd, `/pods` on the read-only port, everything it writes under `run_dir` and
+/// `root_dir`.
+pub fn spawn_standalone(
+    kubelet: &Path,
+    node: &str,
+    run_dir: &Path,
+    root_dir: &Path,
+    manifests: &Path,
+    read_only_port: u16,
+) -> Result<Agent> {
+    let config = run_dir.join("kubelet-config.yaml");
+    fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# These hosts are cgroup v1 (hybrid).
+failCgroupV1: false
+failSwapOn: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://{socket}
+staticPodPath: {manifests}
+address: 127.0.0.1
+port: {api_port}
+readOnlyPort: {read_only_port}
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz_port}
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+podLogsDir: {pod_logs}
+volumePluginDir: {volume_plugins}
+# There is no registry: an image the GC removed could not be pulled again.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+",
+            socket = ringlet_tests::CONTAINERD_SOCKET,
+            manifests = manifests.display(),
+            api_port = free_port()?,
+            healthz_port = free_port()?,
+            pod_logs = run_dir.join("pod-logs").display(),
+            volume_plugins = run_dir.join("volume-plugins").display(),
+        ),
+    )?;
+    Agent::spawn(
+        Command::new(kubelet)
+            .arg("--config")
+            .arg(&config)
+            .args(["--hostname-override", node])
+            .arg("--root-dir")
+            .arg(root_dir)
+            .arg("--cert-dir")
+            .arg(run_dir.join("pki")),
+        run_dir.join("kubelet.log"),
+    )
 }
 
 /// What the upstream kubelet changes on the host, as it was before it started.

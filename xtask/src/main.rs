@@ -7,6 +7,7 @@ mod benchkit;
 mod cluster;
 mod cluster_bench;
 mod cmd;
+mod compare_bench;
 mod demo;
 mod exit_chain;
 mod http;
@@ -88,6 +89,9 @@ enum Bench {
     Cluster(cluster_bench::ClusterArgs),
     /// Probes at periodSeconds 1 on 100 pods: agent CPU and probe latency, ringlet vs the kubelet.
     Probes(probe_bench::ProbesArgs),
+    /// ringlet ebpf, ringlet relist and the upstream kubelet on the same static pods: exit →
+    /// status, start, teardown, idle CPU and RSS, with ratios against the kubelet.
+    Compare(compare_bench::CompareArgs),
 }
 
 fn main() -> Result<()> {
@@ -111,6 +115,7 @@ fn main() -> Result<()> {
             Bench::Io(args) => io_bench::io(&args),
             Bench::Cluster(args) => cluster_bench::cluster(&args),
             Bench::Probes(args) => probe_bench::probes(&args),
+            Bench::Compare(args) => compare_bench::compare(&args),
         },
     }
 }

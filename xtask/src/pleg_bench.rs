@@ -549,91 +549,25 @@ fn targets(out: &mut String, report: &Report, args: &PlegArgs) {
     );
 }
 
-/// A CDF of the bench-side exit → status samples of both modes, log-scaled time axis.
+/// A CDF of the bench-side exit → status samples of both modes.
 fn svg(latency: &[Metric]) -> String {
-    const W: f64 = 720.0;
-    const H: f64 = 420.0;
-    const L: f64 = 70.0;
-    const R: f64 = 20.0;
-    const T: f64 = 40.0;
-    const B: f64 = 50.0;
-    let series: Vec<&Metric> = latency
+    let series: Vec<benchkit::Series> = latency
         .iter()
         .filter(|m| !m.samples_ms.is_empty())
+        .map(|m| benchkit::Series {
+            label: format!(
+                "--pleg-mode={} (median {:.1} ms, p99 {:.1} ms)",
+                m.mode, m.median_ms, m.p99_ms
+            ),
+            color: if m.mode == "ebpf" {
+                "#d62728"
+            } else {
+                "#1f77b4"
+            },
+            samples_ms: &m.samples_ms,
+        })
         .collect();
-    let all = series.iter().flat_map(|m| m.samples_ms.iter().copied());
-    let lo = all.clone().fold(f64::INFINITY, f64::min).max(0.01);
-    let hi = all.fold(0.0, f64::max).max(lo * 10.0);
-    let (lo, hi) = (lo.log10().floor(), hi.log10().ceil());
-    let x = |v: f64| L + (v.max(1e-3).log10() - lo) / (hi - lo) * (W - L - R);
-    let y = |p: f64| T + (1.0 - p) * (H - T - B);
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
-         font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">container exit → status \
-         on /pods (CDF)</text>\n",
-        W / 2.0
-    );
-    #[allow(clippy::cast_possible_truncation)]
-    for decade in (lo as i32)..=(hi as i32) {
-        let v = 10f64.powi(decade);
-        let _ = writeln!(
-            out,
-            "<line x1=\"{0:.1}\" y1=\"{T}\" x2=\"{0:.1}\" y2=\"{1}\" stroke=\"#ddd\"/>\
-             <text x=\"{0:.1}\" y=\"{2}\" text-anchor=\"middle\">{v} ms</text>",
-            x(v),
-            H - B,
-            H - B + 18.0
-        );
-    }
-    for p in [0.0, 0.5, 0.99, 1.0] {
-        let _ = writeln!(
-            out,
-            "<line x1=\"{L}\" y1=\"{0:.1}\" x2=\"{1}\" y2=\"{0:.1}\" stroke=\"#ddd\"/>\
-             <text x=\"{2}\" y=\"{3:.1}\" text-anchor=\"end\">{p}</text>",
-            y(p),
-            W - R,
-            L - 6.0,
-            y(p) + 4.0
-        );
-    }
-    for (i, m) in series.iter().enumerate() {
-        let color = if m.mode == "ebpf" {
-            "#d62728"
-        } else {
-            "#1f77b4"
-        };
-        #[allow(clippy::cast_precision_loss)]
-        let n = m.samples_ms.len() as f64;
-        let mut path = String::new();
-        #[allow(clippy::cast_precision_loss)]
-        for (k, v) in m.samples_ms.iter().enumerate() {
-            let cmd = if k == 0 { 'M' } else { 'L' };
-            let _ = write!(
-                path,
-                "{cmd}{:.1},{:.1} L{:.1},{:.1} ",
-                x(*v),
-                y(k as f64 / n),
-                x(*v),
-                y((k + 1) as f64 / n)
-            );
-        }
-        #[allow(clippy::cast_precision_loss)]
-        let legend_y = T + 16.0 + 18.0 * i as f64;
-        let _ = writeln!(
-            out,
-            "<path d=\"{path}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>\n\
-             <text x=\"{}\" y=\"{legend_y}\" fill=\"{color}\">--pleg-mode={} (median {:.1} ms, p99 \
-             {:.1} ms)</text>",
-            L + 10.0,
-            m.mode,
-            m.median_ms,
-            m.p99_ms
-        );
-    }
-    out.push_str("</svg>\n");
-    out
+    benchkit::cdf_svg("container exit → status on /pods (CDF)", &series)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::benchkit::{
     self, Agent, bench_pods, cleanup, free_port, fresh_run_dir, git_commit, histogram_quantile,
     machine, now_utc, process_cpu_seconds, runtime_containers, sorted_buckets,
 };
-use crate::kubelet_host::{HostGuard, find_kubelet};
+use crate::kubelet_host::{HostGuard, containers_of_others, find_kubelet, spawn_standalone};
 use crate::{cmd, http, lab, workspace_root};
 
 const NAMESPACE: &str = "ringlet-bench-probes";
@@ -171,7 +171,7 @@ pub fn probes(args: &ProbesArgs) -> Result<()> {
                     "kubelet",
                     version,
                     |run_dir, root_dir, manifests, port| {
-                        spawn_kubelet(&kubelet, run_dir, root_dir, manifests, port)
+                        spawn_standalone(&kubelet, NODE, run_dir, root_dir, manifests, port)
                     },
                     args,
                 );
@@ -482,71 +482,6 @@ fn loadavg() -> Result<[f64; 3]> {
         fields.next().unwrap_or(f64::NAN),
         fields.next().unwrap_or(f64::NAN),
     ])
-}
-
-/// Why the kubelet cannot start yet: containerd holds containers of others.
-fn containers_of_others() -> Result<Option<String>> {
-    let listing = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
-    let count = listing.lines().filter(|l| !l.trim().is_empty()).count();
-    Ok((count > 0).then(|| format!("containerd holds {count} containers of others")))
-}
-
-fn spawn_kubelet(
-    kubelet: &Path,
-    run_dir: &Path,
-    root_dir: &Path,
-    manifests: &Path,
-    read_only_port: u16,
-) -> Result<Agent> {
-    let config = run_dir.join("kubelet-config.yaml");
-    fs::write(
-        &config,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-# These hosts are cgroup v1 (hybrid).
-failCgroupV1: false
-failSwapOn: false
-cgroupDriver: cgroupfs
-containerRuntimeEndpoint: unix://{socket}
-staticPodPath: {manifests}
-address: 127.0.0.1
-port: {api_port}
-readOnlyPort: {read_only_port}
-healthzBindAddress: 127.0.0.1
-healthzPort: {healthz_port}
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: false
-authorization:
-  mode: AlwaysAllow
-podLogsDir: {pod_logs}
-volumePluginDir: {volume_plugins}
-# There is no registry: an image the GC removed could not be pulled again.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-",
-            socket = ringlet_tests::CONTAINERD_SOCKET,
-            manifests = manifests.display(),
-            api_port = free_port()?,
-            healthz_port = free_port()?,
-            pod_logs = run_dir.join("pod-logs").display(),
-            volume_plugins = run_dir.join("volume-plugins").display(),
-        ),
-    )?;
-    Agent::spawn(
-        Command::new(kubelet)
-            .arg("--config")
-            .arg(&config)
-            .args(["--hostname-override", NODE])
-            .arg("--root-dir")
-            .arg(root_dir)
-            .arg("--cert-dir")
-            .arg(run_dir.join("pki")),
-        run_dir.join("kubelet.log"),
-    )
 }
 
 fn markdown(report: &Report) -> String {
