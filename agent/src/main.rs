@@ -121,7 +121,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         runner: runtime_manager.clone(),
     };
     let runtime: Arc<dyn Runtime> = runtime_manager.clone();
-    let streaming: Arc<dyn StreamingRuntime> = runtime_manager.clone();
+    let streaming: Arc<dyn StreamingRuntime> = runtime_manager;
     let (updates, sources_ready) = podconfig::start(
         pod_config_options(&config, api_client.clone()),
         recorder.clone(),
@@ -147,7 +147,6 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
             pod_cgroups: Arc::clone(&pod_cgroups),
             recorder,
             pleg_hints,
-            init_processes: runtime_manager.init_processes(),
             metrics,
             broadcaster: broadcaster.clone(),
             api: api_client.clone(),

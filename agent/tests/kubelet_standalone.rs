@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use ringlet::apis::config::{CgroupDriver, NodeSettings};
 use ringlet::cm::PodContainerManager;
-use ringlet::container::{InitProcesses, Runtime};
+use ringlet::container::Runtime;
 use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine};
@@ -152,7 +152,6 @@ impl Agent {
                 pod_cgroups: Arc::clone(&pod_cgroups),
                 recorder,
                 pleg_hints: None,
-                init_processes: InitProcesses::default(),
                 metrics: Metrics::new().unwrap_or_else(|e| panic!("creating metrics: {e}")),
                 broadcaster: EventBroadcaster::default(),
                 api: None,

@@ -4,13 +4,11 @@
 
 mod cache;
 mod ids;
-mod init_processes;
 mod runtime;
 mod streaming;
 
 pub use cache::PodCache;
 pub use ids::{ContainerId, PodUid, SandboxId};
-pub use init_processes::InitProcesses;
 pub use runtime::{
     ContainerState, ContainerStatus, ImageInfo, PodStatus, PodSyncResult, RunningContainer,
     RunningPod, RunningSandbox, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,

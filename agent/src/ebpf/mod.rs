@@ -386,6 +386,8 @@ pub fn start(
         programs = ?attached,
         "eBPF hint source running"
     );
+    drop(btf);
+    release_freed_heap();
     Ok(EbpfHandle {
         reader,
         pins,
@@ -395,6 +397,17 @@ pub fn start(
         _ebpf: ebpf,
         _pin_lock: pin_lock,
     })
+}
+
+/// Hands the heap the loader freed back to the kernel: parsing the kernel's BTF for the CO-RE
+/// relocations takes tens of MiB, which glibc would otherwise keep and the agent's RSS would show
+/// for its whole life.
+fn release_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; no pointer is handed over.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn pin_maps(ebpf: &aya::Ebpf, pins: &mut Pins) -> Result<(), EbpfError> {

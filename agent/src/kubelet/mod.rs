@@ -28,7 +28,7 @@ use crate::pod::{MirrorPods, is_mirror_pod};
 use crate::volumes::VolumeManager;
 
 use crate::cm::PodContainerManager;
-use crate::container::{CommandRunner, InitProcesses, PodCache, Runtime};
+use crate::container::{CommandRunner, PodCache, Runtime};
 use crate::event_stream::EventBroadcaster;
 use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
@@ -96,9 +96,6 @@ pub struct KubeletDeps {
     /// relists, slow safety relist, and a targeted relist whenever a pod worker needs a newer
     /// status than the cache holds), without it in relist mode.
     pub pleg_hints: Option<HintChannel>,
-    /// The containers' proven init processes, shared with the runtime manager that starts them
-    /// (it must be the one `runtime` was built with).
-    pub init_processes: InitProcesses,
     /// Shared with whoever else reports into it (the eBPF reader); served on `/metrics`.
     pub metrics: Metrics,
     /// Every PLEG event also goes here, for `ringlet events`.
@@ -152,7 +149,6 @@ impl Kubelet {
             pod_cgroups,
             recorder,
             pleg_hints,
-            init_processes,
             metrics,
             broadcaster,
             api,
@@ -174,7 +170,6 @@ impl Kubelet {
                 metrics: metrics.clone(),
                 latency: latency.clone(),
                 broadcaster,
-                init_processes,
             },
         );
         tracing::info!(mode = %pleg_handle.mode(), "pleg mode");

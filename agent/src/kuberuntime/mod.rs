@@ -33,7 +33,7 @@ pub use cri::{CriClient, CriError};
 pub(crate) use resource_field::resource_field_value;
 
 use crate::container::{
-    ContainerId, ImageInfo, InitProcesses, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
+    ContainerId, ImageInfo, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
     RuntimeCondition, RuntimeError, RuntimeStatus,
 };
 use crate::events::{EventObject, EventType, Recorder};
@@ -93,8 +93,6 @@ pub struct RuntimeSettings {
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub backoff_reset: Duration,
-    /// Where the manager notes the containers it starts, so the PLEG can prove their init.
-    pub init_processes: InitProcesses,
 }
 
 impl Default for RuntimeSettings {
@@ -106,7 +104,6 @@ impl Default for RuntimeSettings {
             backoff_initial: backoff::INITIAL,
             backoff_max: backoff::MAX,
             backoff_reset: backoff::RESET_AFTER,
-            init_processes: InitProcesses::default(),
         }
     }
 }
@@ -145,11 +142,6 @@ impl KubeGenericRuntimeManager {
             recorder,
             settings,
         }
-    }
-
-    /// Where the manager notes the containers it starts, for the PLEG to prove their init.
-    pub fn init_processes(&self) -> InitProcesses {
-        self.settings.init_processes.clone()
     }
 
     /// The underlying CRI client (for exec probes, logs and image GC).

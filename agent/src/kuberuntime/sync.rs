@@ -26,7 +26,6 @@ use crate::container::{
 };
 use crate::events::{EventObject, EventType};
 use crate::lifecycle::{HookTarget, run_handler};
-use crate::pleg::monotonic_now_ns;
 use crate::volumes::PodVolumes;
 
 /// Grace period when neither the pod nor the caller gives one.
@@ -509,9 +508,6 @@ impl KubeGenericRuntimeManager {
             "Created",
             format!("Created container {}", container.name),
         );
-        self.settings
-            .init_processes
-            .starting(&ContainerId::from(id.as_str()), monotonic_now_ns());
         if let Err(e) = self.cri.start_container(&id).await {
             let message = format!("Error: {e}");
             self.event(object(), EventType::Warning, "Failed", message.clone());

@@ -19,6 +19,7 @@ use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::time::Instant;
 
 use super::health::Shared;
+use super::init_processes::InitProcesses;
 use super::kernel_exits::{KernelExits, Reconciled};
 use super::latency::LatencyTracker;
 use super::queue::{HintQueue, Settled};
@@ -27,8 +28,7 @@ use super::{
     PodHint, PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
 };
 use crate::container::{
-    ContainerId, ContainerState, InitProcesses, PodCache, PodStatus, PodUid, RunningPod, Runtime,
-    SandboxState,
+    ContainerId, ContainerState, PodCache, PodStatus, PodUid, RunningPod, Runtime, SandboxState,
 };
 use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::{HintLabel, Metrics, RelistType};
@@ -67,8 +67,6 @@ pub struct PlegOptions {
     pub latency: LatencyTracker,
     /// Where `ringlet events` watchers get every event the PLEG sends.
     pub broadcaster: EventBroadcaster,
-    /// The containers' proven init processes, shared with the runtime manager that starts them.
-    pub init_processes: InitProcesses,
 }
 
 /// What the idle PLEG woke up for.
@@ -135,7 +133,7 @@ impl GenericPleg {
             metrics: options.metrics,
             latency: options.latency,
             broadcaster: options.broadcaster,
-            init_processes: options.init_processes,
+            init_processes: InitProcesses::default(),
             kernel_exits: KernelExits::default(),
         };
         let threshold = RELIST_THRESHOLD.max(pleg.relist_period * 2);
@@ -248,11 +246,6 @@ impl GenericPleg {
             return false;
         };
         match (hint.kind, hint.tgid) {
-            (HintKind::Started, Some(tgid)) => {
-                self.init_processes
-                    .first_exec(container, tgid, hint.kernel_time_ns);
-                false
-            }
             (HintKind::OomKilled, _) => {
                 self.kernel_exits
                     .oom_victim(container.clone(), Instant::now());
@@ -346,36 +339,44 @@ impl GenericPleg {
         });
     }
 
-    /// Reads the init pid the runtime reports for every running container of `pods` whose init is
-    /// not known yet (adopted after a restart, or started while a hint was lost); ebpf mode only.
-    async fn learn_inits<'a>(&self, pods: impl IntoIterator<Item = &'a RunningPod>) {
+    /// Asks the runtime, beside the PLEG loop, for the init pid of every running container of
+    /// `pods` not asked about yet (new, or adopted after a restart); ebpf mode only, where a
+    /// kernel-reported exit needs it.
+    fn learn_inits<'a>(&self, pods: impl IntoIterator<Item = &'a RunningPod>) {
         if self.hints.is_none() {
             return;
         }
-        let unknown: Vec<ContainerId> = pods
+        let running = pods
             .into_iter()
             .flat_map(|pod| &pod.containers)
             .filter(|c| c.state == ContainerState::Running)
-            .filter(|c| !self.init_processes.settled(&c.id))
-            .map(|c| c.id.clone())
-            .collect();
-        // An agent restarted on a full node adopts every container at once: read a few at a time.
-        let reads = unknown.into_iter().map(|id| {
-            let runtime = Arc::clone(&self.runtime);
-            async move {
-                let read = runtime.container_init_pid(&id).await;
-                (id, read)
-            }
-        });
-        let mut reads = futures::stream::iter(reads).buffer_unordered(INIT_PID_READS);
-        while let Some((id, read)) = reads.next().await {
-            match read {
-                Ok(pid) => self.init_processes.reported(&id, pid),
-                Err(error) => {
-                    tracing::debug!(container = %id, %error, "cannot read the container's init pid");
+            .map(|c| c.id.clone());
+        let unknown = self.init_processes.to_ask(running);
+        if unknown.is_empty() {
+            return;
+        }
+        let runtime = Arc::clone(&self.runtime);
+        let inits = self.init_processes.clone();
+        tokio::spawn(async move {
+            // An agent restarted on a full node adopts every container at once: a few at a time.
+            let reads = unknown.into_iter().map(|id| {
+                let runtime = Arc::clone(&runtime);
+                async move {
+                    let read = runtime.container_init_pid(&id).await;
+                    (id, read)
+                }
+            });
+            let mut reads = futures::stream::iter(reads).buffer_unordered(INIT_PID_READS);
+            while let Some((id, read)) = reads.next().await {
+                match read {
+                    Ok(pid) => inits.reported(&id, pid),
+                    Err(error) => {
+                        tracing::debug!(container = %id, %error, "cannot read the container's init pid");
+                        inits.ask_again(&id);
+                    }
                 }
             }
-        }
+        });
     }
 
     /// Without hints the PLEG falls back to relist mode, at once, since changes may have been missed.
@@ -489,9 +490,8 @@ impl GenericPleg {
             .iter()
             .flat_map(|p| p.containers.iter().map(|c| &c.id))
             .collect();
-        self.init_processes
-            .retain(|id| present.contains(id), super::monotonic_now_ns());
-        self.learn_inits(&listed).await;
+        self.init_processes.retain(|id| present.contains(id));
+        self.learn_inits(&listed);
     }
 
     /// Re-reads one pod a hint named, diffs it against its record and emits the events and the cache
@@ -591,8 +591,8 @@ impl GenericPleg {
         self.shared
             .set_running_pod(uid, self.records.get(uid).and_then(|r| r.old.as_ref()));
         self.update_running_metrics();
-        if let Some(pod) = self.records.get(uid).and_then(|r| r.old.clone()) {
-            self.learn_inits([&pod]).await;
+        if let Some(pod) = self.records.get(uid).and_then(|r| r.old.as_ref()) {
+            self.learn_inits([pod]);
         }
     }
 

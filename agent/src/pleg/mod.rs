@@ -6,13 +6,14 @@
 //! of two modes ([`PlegMode`]): `relist` (the kubelet's: every pod, every second) or `ebpf`, where
 //! [`Hint`]s from the kernel make it re-read just the pod they name (a targeted relist, coalesced per
 //! pod) and a slow full relist stays on as the safety net. One kernel fact is taken as it is: the
-//! exit of a container's proven init ([`crate::container::InitProcesses`]) is published at once and
+//! exit of a container's proven init (the pid the runtime reports for it) is published at once and
 //! overlays the runtime's reads until the runtime reports it too. Its health and mode are exposed through a
 //! cloneable [`PlegHandle`] so the sync loop can stall when the PLEG falls behind.
 
 mod generic;
 mod health;
 mod hints;
+mod init_processes;
 mod kernel_exits;
 mod latency;
 mod queue;

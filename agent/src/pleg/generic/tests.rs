@@ -217,7 +217,6 @@ fn setup() -> (
             latency: LatencyTracker::new(metrics.clone(), EventBroadcaster::default()),
             metrics,
             broadcaster: EventBroadcaster::default(),
-            init_processes: InitProcesses::default(),
         },
     );
     (runtime, cache, pleg, handle, rx)
@@ -535,7 +534,6 @@ struct EbpfPleg {
     metrics: Metrics,
     latency: LatencyTracker,
     broadcaster: EventBroadcaster,
-    init_processes: InitProcesses,
 }
 
 /// An ebpf-mode PLEG over `pods`, running, past its first full relist, with the call counters and
@@ -555,7 +553,6 @@ async fn start_ebpf_with(
 ) -> EbpfPleg {
     let runtime = Arc::new(runtime);
     runtime.set_pods(pods);
-    let init_processes = InitProcesses::default();
     let cache = Arc::new(PodCache::new());
     let metrics = Metrics::new().unwrap();
     let broadcaster = EventBroadcaster::default();
@@ -571,7 +568,6 @@ async fn start_ebpf_with(
             metrics: metrics.clone(),
             latency: latency.clone(),
             broadcaster: broadcaster.clone(),
-            init_processes: init_processes.clone(),
         },
     );
     tokio::spawn(pleg.run());
@@ -592,7 +588,6 @@ async fn start_ebpf_with(
         metrics,
         latency,
         broadcaster,
-        init_processes,
     }
 }
 
@@ -1096,7 +1091,6 @@ async fn a_running_container_adopted_has_its_init_read_once() {
         std::mem::take(&mut *t.runtime.init_pid_calls.lock().unwrap()),
         vec![ContainerId::from("c1")]
     );
-    assert!(t.init_processes.is_init(&ContainerId::from("c1"), 42));
     tokio::time::advance(crate::pleg::DEFAULT_SAFETY_RELIST_PERIOD).await;
     settle().await;
     assert_eq!(t.runtime.take_list_calls(), 1);
@@ -1194,16 +1188,19 @@ async fn the_exit_of_another_process_in_the_container_stays_a_hint() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_first_exec_after_the_agents_start_proves_the_init() {
+async fn a_new_containers_init_is_the_runtimes_pid_not_the_first_exec() {
     let runtime = FakeRuntime::default();
+    runtime
+        .init_pids
+        .lock()
+        .unwrap()
+        .insert(ContainerId::from("c1"), 77);
     let mut t = start_ebpf_with(runtime, vec![pod("p", SandboxState::Ready, &[])], None).await;
-    let c1 = ContainerId::from("c1");
-    t.init_processes
-        .starting(&c1, crate::pleg::monotonic_now_ns());
     t.runtime.set_pods(running_p());
+    // A short-lived process may exec in a new container's cgroup before its init does.
     let mut started = pod_hint("p", HintKind::Started, "c1");
     if let Hint::Pod(hint) = &mut started {
-        hint.tgid = Some(77);
+        hint.tgid = Some(99);
     }
     t.hints.send(started).await.unwrap();
     settle().await;
@@ -1211,9 +1208,16 @@ async fn the_first_exec_after_the_agents_start_proves_the_init() {
         drain(&mut t.events),
         vec![event("p", ContainerStarted, "c1")]
     );
+    assert_eq!(
+        *t.runtime.init_pid_calls.lock().unwrap(),
+        vec![ContainerId::from("c1")],
+        "the runtime is asked once the container runs"
+    );
+    t.hints.send(killed(99)).await.unwrap();
+    settle().await;
     assert!(
-        t.runtime.init_pid_calls.lock().unwrap().is_empty(),
-        "the kernel proved it; the runtime is not asked"
+        drain(&mut t.events).is_empty(),
+        "the first exec's exit is not the container's"
     );
     t.hints.send(killed(77)).await.unwrap();
     settle().await;
@@ -1307,7 +1311,6 @@ async fn every_full_relist_asks_the_hint_source_to_check_for_lost_events() {
             latency: LatencyTracker::new(metrics.clone(), EventBroadcaster::default()),
             metrics,
             broadcaster: EventBroadcaster::default(),
-            init_processes: InitProcesses::default(),
         },
     );
     tokio::spawn(pleg.run());

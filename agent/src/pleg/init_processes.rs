@@ -1,0 +1,110 @@
+//! Which host process is each container's init: what lets the eBPF PLEG take a kernel-reported exit
+//! as the container's death (ringlet's own; the kubelet trusts only the runtime). An identity is
+//! proven, never guessed: it is the pid the runtime reports for the container (CRI verbose
+//! `ContainerStatus`), read once when the PLEG first sees the container running, whether the agent
+//! started it or adopted it after a restart. A process started later inside the container (`kubectl
+//! exec`, a shell) never has that pid.
+//!
+//! The first exec the kernel sees in a container's cgroup is no proof: measured here (containerd 1.6,
+//! runc 1.1), a short-lived process sometimes execs in a new cgroup before the container's init does,
+//! so taking it for the init published deaths of containers that kept running.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::container::ContainerId;
+
+/// How the agent knows a container's init.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Init {
+    /// The runtime is being asked.
+    Asking,
+    /// The init's tgid in the initial pid namespace.
+    Known(u32),
+    /// The runtime was asked and did not say; not asked again.
+    Unreported,
+}
+
+/// The registry the PLEG keeps. Cloneable; clones share the state (the reads that fill it run
+/// beside the PLEG).
+#[derive(Clone, Debug, Default)]
+pub(super) struct InitProcesses {
+    inits: Arc<Mutex<HashMap<ContainerId, Init>>>,
+}
+
+impl InitProcesses {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, Init>> {
+        self.inits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Of `ids`, the containers whose init nobody asked the runtime for yet; they count as being
+    /// asked from now on.
+    pub(super) fn to_ask(&self, ids: impl IntoIterator<Item = ContainerId>) -> Vec<ContainerId> {
+        let mut inits = self.lock();
+        ids.into_iter()
+            .filter(|id| {
+                let new = !inits.contains_key(id);
+                if new {
+                    inits.insert(id.clone(), Init::Asking);
+                }
+                new
+            })
+            .collect()
+    }
+
+    /// The runtime reported `id`'s init pid (`None`: it did not say).
+    pub(super) fn reported(&self, id: &ContainerId, pid: Option<u32>) {
+        let init = pid.filter(|p| *p > 0).map_or(Init::Unreported, Init::Known);
+        self.lock().insert(id.clone(), init);
+    }
+
+    /// Asking the runtime about `id` failed: a later read asks again.
+    pub(super) fn ask_again(&self, id: &ContainerId) {
+        self.lock().remove(id);
+    }
+
+    /// Whether the process `tgid` is proven to be `id`'s init.
+    pub(super) fn is_init(&self, id: &ContainerId, tgid: u32) -> bool {
+        self.lock().get(id) == Some(&Init::Known(tgid))
+    }
+
+    /// Forgets every container `keep` rejects (gone from the runtime).
+    pub(super) fn retain(&self, keep: impl Fn(&ContainerId) -> bool) {
+        self.lock().retain(|id, _| keep(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_runtimes_pid_is_the_init() {
+        let inits = InitProcesses::default();
+        let known = ContainerId::from("a");
+        let unreported = ContainerId::from("b");
+        let failed = ContainerId::from("c");
+        assert_eq!(
+            inits.to_ask([known.clone(), unreported.clone(), failed.clone()]),
+            vec![known.clone(), unreported.clone(), failed.clone()]
+        );
+        assert!(
+            inits.to_ask([known.clone()]).is_empty(),
+            "asked once, not again while the answer is pending"
+        );
+        assert!(!inits.is_init(&known, 7), "not known while asking");
+        inits.reported(&known, Some(7));
+        inits.reported(&unreported, None);
+        inits.ask_again(&failed);
+        assert!(inits.is_init(&known, 7));
+        assert!(!inits.is_init(&known, 8));
+        assert!(!inits.is_init(&unreported, 0));
+        assert_eq!(
+            inits.to_ask([known.clone(), unreported.clone(), failed.clone()]),
+            vec![failed]
+        );
+        inits.retain(|id| id == &known);
+        assert_eq!(inits.to_ask([unreported.clone()]), vec![unreported]);
+        assert!(inits.is_init(&known, 7));
+    }
+}
