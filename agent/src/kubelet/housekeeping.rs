@@ -3,8 +3,8 @@
 //! remove pod cgroups and pod directories (volumes unmounted) nothing uses. Runs only once every
 //! source is ready, so a slow source never gets its pods killed. The running pods come from the
 //! PLEG's view, not from listing the runtime; the cleanup that lists the runtime and walks the pod
-//! directories and cgroups runs when something died or went away, and in relist mode also once a
-//! minute (in ebpf mode the kernel reports every death, so an idle node costs nothing).
+//! cgroups runs when something died or went away, and in relist mode also once a minute (in ebpf
+//! mode the kernel reports every death, so an idle node lists nothing but its pod directories).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -69,16 +69,9 @@ impl Housekeeping {
         status: &StatusManager,
         latency: &LatencyTracker,
     ) {
-        let periodic_gc_due = self.pleg.mode() == PlegMode::Relist
-            && self.last_gc.is_none_or(|t| t.elapsed() >= GC_PERIOD);
-        let cleanup = self.gc_requested || periodic_gc_due;
         // Listed before the pods wanted are read: a directory that exists now belongs to a pod the
         // pod manager already knows, unless that pod is gone.
-        let pod_dirs = if cleanup {
-            self.volumes.pod_dirs().await
-        } else {
-            Vec::new()
-        };
+        let pod_dirs = self.volumes.pod_dirs().await;
         let desired = pods.uids();
         if !workers.forget_finished(&desired).is_empty() {
             // A pod finished terminating: its dead containers and sandbox can go now.
@@ -93,7 +86,11 @@ impl Housekeeping {
         for orphan in running.iter().filter(|p| !keep.contains(&p.uid)) {
             self.kill_orphan(orphan.clone());
         }
-        if !cleanup {
+        // Decided after the finished workers are forgotten, so a pod that just terminated has its
+        // containers removed in this round, not the next.
+        let periodic_gc_due = self.pleg.mode() == PlegMode::Relist
+            && self.last_gc.is_none_or(|t| t.elapsed() >= GC_PERIOD);
+        if !(self.gc_requested || periodic_gc_due) {
             return;
         }
         self.gc_requested = false;
