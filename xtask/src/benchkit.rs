@@ -280,12 +280,29 @@ pub fn machine() -> Result<Machine> {
     })
 }
 
-/// The bench pods on `/pods`, or `None` while the server is not answering yet.
+/// Unmounts everything mounted at or below `dir`, deepest first (the upstream kubelet bind-mounts
+/// its root dir onto itself, shared, and leaves it), so a removal never reaches into a mount.
+pub fn unmount_below(dir: &Path) -> Result<()> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut mounts: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| Path::new(m).starts_with(dir))
+        .collect();
+    // Deepest first; a point mounted twice is listed twice and unmounted twice.
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for mount in mounts {
+        cmd::run(Command::new("umount").arg(mount))?;
+    }
+    Ok(())
+}
+
 /// An empty `<lab>/bench/<name>` with `manifests/` and `root/` in it (what an earlier run left is
-/// removed): returns the run, manifest and root directories.
+/// unmounted and removed): returns the run, manifest and root directories.
 pub fn fresh_run_dir(name: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
     let run_dir = Path::new(crate::lab::LAB_DIR).join("bench").join(name);
     if run_dir.exists() {
+        unmount_below(&run_dir)?;
         std::fs::remove_dir_all(&run_dir)
             .with_context(|| format!("removing {}", run_dir.display()))?;
     }
@@ -296,8 +313,14 @@ pub fn fresh_run_dir(name: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
     Ok((run_dir, manifests, root_dir))
 }
 
-/// A static pod whose one container sleeps for an hour; the benches' workload.
+/// A static pod whose one container sleeps for an hour on the pod network; the benches' workload.
 pub fn sleep_pod_manifest(name: &str, namespace: &str) -> String {
+    sleep_pod_manifest_on(name, namespace, false)
+}
+
+/// [`sleep_pod_manifest`] on the host's network (`hostNetwork: true`, no CNI call) or the pod
+/// network.
+pub fn sleep_pod_manifest_on(name: &str, namespace: &str, host_network: bool) -> String {
     // sleep ignores SIGTERM as PID 1: a short grace period keeps the cleanup from waiting 30 s per pod.
     format!(
         "apiVersion: v1
@@ -306,6 +329,7 @@ metadata:
   name: {name}
   namespace: {namespace}
 spec:
+  hostNetwork: {host_network}
   terminationGracePeriodSeconds: 1
   restartPolicy: Always
   containers:
@@ -317,6 +341,7 @@ spec:
     )
 }
 
+/// The bench pods on `/pods`, or `None` while the server is not answering yet.
 pub fn bench_pods(port: u16, namespace: &str) -> Option<Vec<Value>> {
     let body = http::get(port, "/pods").ok()?;
     let list: Value = serde_json::from_slice(&body).ok()?;

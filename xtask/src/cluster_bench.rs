@@ -1104,17 +1104,7 @@ fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
 /// first (the upstream kubelet bind-mounts its root dir onto itself, shared, and leaves it), so
 /// the removal never reaches into a mount.
 fn remove_files(root_dir: &Path, run_dir: &Path, kubeconfig: &Path) -> Result<()> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut mounts: Vec<&str> = mountinfo
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4))
-        .filter(|m| Path::new(m).starts_with(root_dir))
-        .collect();
-    // Deepest first; a point mounted twice is listed twice and unmounted twice.
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for mount in mounts {
-        cmd::run(Command::new("umount").arg(mount))?;
-    }
+    benchkit::unmount_below(root_dir)?;
     let manifests = run_dir.join("manifests");
     for dir in [
         root_dir.to_path_buf(),

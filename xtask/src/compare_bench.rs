@@ -1,6 +1,7 @@
 //! `cargo xtask bench compare`: ringlet `--pleg-mode=ebpf`, ringlet `--pleg-mode=relist` and the
 //! upstream kubelet (standalone, `staticPodPath`), one after the other in one run on the lab's
-//! containerd and the same static pod manifests (busybox `sleep`, host network). For each agent:
+//! containerd and the same static pod manifests (busybox `sleep`, host network unless
+//! `--pod-network`). For each agent:
 //! idle CPU and RSS with no pods, then for each pod count all pods Running after writing the
 //! manifests, idle CPU and RSS and container exit → status on `/pods` (at the fewest and the most
 //! pods), and all containers gone after removing the manifests. Ratios against the kubelet and the
@@ -17,7 +18,7 @@ use serde::Serialize;
 
 use crate::benchkit::{
     self, Agent, bench_pods, cleanup, free_port, fresh_run_dir, git_commit, now_utc, percentile,
-    process_cpu_seconds, rss_mib, runtime_containers, sleep_pod_manifest, time_exits,
+    process_cpu_seconds, rss_mib, runtime_containers, sleep_pod_manifest_on, time_exits,
     wait_all_running,
 };
 use crate::kubelet_host::{HostGuard, containers_of_others, find_kubelet, spawn_standalone};
@@ -60,6 +61,9 @@ pub struct CompareArgs {
     /// Benchmark this ringlet binary instead of building target/release/ringlet.
     #[arg(long)]
     binary: Option<PathBuf>,
+    /// Run the pods on the pod network (the lab's CNI bridge) instead of the host's network.
+    #[arg(long)]
+    pod_network: bool,
 }
 
 /// One measured number of one agent; single measurements have median = p99.
@@ -102,6 +106,8 @@ struct Report {
     commit: String,
     machine: benchkit::Machine,
     pods: Vec<usize>,
+    /// The pods run on the host's network (no CNI call), else on the pod network.
+    host_network: bool,
     exits: usize,
     settle_s: u64,
     window_s: u64,
@@ -191,6 +197,7 @@ pub fn compare(args: &CompareArgs) -> Result<()> {
         commit: git_commit(&root),
         machine: benchkit::machine()?,
         pods: args.pods.clone(),
+        host_network: !args.pod_network,
         exits: args.exits,
         settle_s: args.settle,
         window_s: args.window,
@@ -237,8 +244,11 @@ fn run_side(
     // Removing the manifests makes the agent stop and remove their pods.
     let cleaned = cleanup(&manifests, NAMESPACE);
     agent.stop();
+    // The kubelet leaves its root dir bind-mounted onto itself.
+    let unmounted = benchkit::unmount_below(&root_dir);
     measured?;
     cleaned?;
+    unmounted?;
     Ok(metrics)
 }
 
@@ -299,7 +309,7 @@ impl SideRun<'_> {
             let name = format!("cmp-{}-{i}", self.generation);
             fs::write(
                 self.manifests.join(format!("{name}.yaml")),
-                sleep_pod_manifest(&name, NAMESPACE),
+                sleep_pod_manifest_on(&name, NAMESPACE, !self.args.pod_network),
             )?;
         }
         let running = wait_all_running(self.agent, self.port, pods, started, NAMESPACE)?;
@@ -424,10 +434,15 @@ fn markdown(report: &Report) -> String {
     let mut out = format!(
         "# ringlet and the upstream kubelet, side by side\n\n\
          ringlet commit `{}`, {}; `cargo xtask bench compare` (one run, the lab's containerd, the \
-         same static pod manifests: busybox `sleep`, host network, restartPolicy Always, node \
-         `{NODE}`)\n\nmachine: {}\n\n",
+         same static pod manifests: busybox `sleep`, {}, restartPolicy Always, node `{NODE}`)\n\n\
+         machine: {}\n\n",
         report.commit,
         report.date,
+        if report.host_network {
+            "host network"
+        } else {
+            "pod network (the lab's CNI bridge)"
+        },
         report.machine.describe(),
     );
     for side in &report.sides {
