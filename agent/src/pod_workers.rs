@@ -3,9 +3,13 @@
 //!
 //! Updates are level-triggered: a worker keeps only the newest pod spec and a "work requested" flag, so
 //! a burst of updates costs one sync. A kill request is sticky: once asked for, the pod terminates
-//! whatever updates follow, and the grace period only ever shrinks. Every step is safe to re-run: after
-//! an error the work queue asks again after the back-off period, and after an agent restart the state
-//! is rebuilt from the runtime.
+//! whatever updates follow, and the grace period only ever shrinks. A pod added again with the same
+//! UID while it terminates (a static pod's manifest moved out and back) runs again once its
+//! termination is complete, as `pod_workers.go` restarts it. Every step is safe to re-run: a failed
+//! sync is retried through the work queue after a jittered back-off (1 s while the network is not
+//! ready), a failed stop or cleanup by the worker itself, since a removed pod is no longer in the
+//! pod manager the sync loop dispatches from; after an agent restart the state is rebuilt from the
+//! runtime.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -49,6 +53,9 @@ pub struct UpdatePodOptions {
     pub pod_removed: bool,
 }
 
+/// The [`SyncError::reason`] of a sync that waits for the pod network; retried after 1 s.
+pub const NETWORK_NOT_READY: &str = "NetworkNotReady";
+
 /// Why a step failed; the worker retries after the back-off period.
 #[derive(Debug, thiserror::Error)]
 #[error("{reason}: {message}")]
@@ -82,7 +89,7 @@ pub trait PodSyncer: Send + Sync + 'static {
         &self,
         pod: &Pod,
         status: &PodStatus,
-        pod_removed: bool,
+        cleanup: Cleanup,
     ) -> Result<(), SyncError>;
 }
 
@@ -133,10 +140,25 @@ struct Worker {
     update_type: UpdateType,
     phase: WorkerPhase,
     work_requested: bool,
-    /// Set once a kill was asked for; never cleared.
+    /// Set once a kill was asked for; cleared only when the pod restarts.
     kill: Option<KillRequest>,
     pod_removed: bool,
+    /// The pod was added again while it was being killed: it runs again once it is cleaned up.
+    restart_requested: bool,
     wake: Arc<Notify>,
+}
+
+impl Worker {
+    /// Starts the pod's life over (the kubelet restarts a terminated worker whose pod was added
+    /// again with the same UID).
+    fn restart(&mut self) {
+        self.phase = WorkerPhase::Syncing;
+        self.update_type = UpdateType::Create;
+        self.kill = None;
+        self.pod_removed = false;
+        self.restart_requested = false;
+        self.work_requested = true;
+    }
 }
 
 /// A sticky request to stop the pod.
@@ -145,11 +167,24 @@ struct KillRequest {
     grace_period_override: Option<i64>,
 }
 
+/// What the cleanup of a terminated pod keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cleanup {
+    /// The pod is still wanted (it reached a terminal phase, or it is being deleted on the API
+    /// server): its status and volumes stay.
+    Kept,
+    /// The pod was removed from its source: everything it held goes.
+    Removed,
+    /// The pod was removed and added again with the same UID: it runs again next, so its volumes
+    /// stay and its containers may change state as in a new pod.
+    Restarting,
+}
+
 /// What one step of a worker does, decided under the lock and performed outside it.
 enum Step {
     Sync(Pod, UpdateType),
     Terminate(Pod, Option<i64>),
-    CleanUp(Pod, bool),
+    CleanUp(Pod, Cleanup),
 }
 
 struct Shared {
@@ -169,6 +204,17 @@ pub struct PodWorkers {
 
 /// The kubelet's back-off before retrying a failed sync.
 pub const SYNC_BACKOFF_PERIOD: Duration = Duration::from_secs(10);
+/// The back-off while the network is not ready (the kubelet's `backOffOnTransientErrorPeriod`):
+/// it may be ready any moment.
+const TRANSIENT_ERROR_BACKOFF: Duration = Duration::from_secs(1);
+/// Resyncs and back-offs are stretched by up to this fraction at random (`pod_workers.go`'s
+/// jitter factors), so pods that failed together do not retry together.
+const JITTER_FACTOR: f64 = 0.5;
+
+/// `period` stretched by a random part of `JITTER_FACTOR` (the kubelet's `wait.Jitter`).
+fn jittered(period: Duration) -> Duration {
+    period + period.mul_f64(JITTER_FACTOR * fastrand::f64())
+}
 
 impl PodWorkers {
     pub fn new(
@@ -218,6 +264,7 @@ impl PodWorkers {
                 work_requested: false,
                 kill: None,
                 pod_removed: false,
+                restart_requested: false,
                 wake,
             }
         });
@@ -239,11 +286,23 @@ impl PodWorkers {
                 worker.phase = WorkerPhase::Terminated { cleaned_up: false };
             }
             worker.pod_removed |= update.pod_removed;
+            worker.restart_requested = false;
+        } else if worker.kill.is_some() {
+            // A pod being killed only starts again when it is added anew; other updates just
+            // bring the newest spec for the stop.
+            if update.update_type == UpdateType::Create {
+                worker.restart_requested = true;
+            }
         } else {
             worker.update_type = update.update_type;
         }
         worker.pod = update.pod;
         worker.work_requested = true;
+        if worker.restart_requested
+            && worker.phase == (WorkerPhase::Terminated { cleaned_up: true })
+        {
+            worker.restart();
+        }
         worker.wake.notify_one();
     }
 
@@ -311,7 +370,14 @@ fn next_step(workers: &mut HashMap<PodUid, Worker>, uid: &PodUid) -> Option<Step
             worker.kill.and_then(|k| k.grace_period_override),
         )),
         WorkerPhase::Terminated { cleaned_up: false } => {
-            Some(Step::CleanUp(pod, worker.pod_removed))
+            let cleanup = if worker.restart_requested {
+                Cleanup::Restarting
+            } else if worker.pod_removed {
+                Cleanup::Removed
+            } else {
+                Cleanup::Kept
+            };
+            Some(Step::CleanUp(pod, cleanup))
         }
         WorkerPhase::Terminated { cleaned_up: true } => None,
     }
@@ -330,6 +396,8 @@ async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
     // misses what the worker did itself; a read older than a sync that changed nothing is as good,
     // which lets a kernel-published exit be acted on without waiting for a new read.
     let mut last_change: Option<Instant> = None;
+    // When a failed stop or cleanup is tried again.
+    let mut retry_at: Option<Instant> = None;
     loop {
         let step = {
             let mut workers = shared
@@ -342,9 +410,21 @@ async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
             next_step(&mut workers, &uid)
         };
         let Some(step) = step else {
-            wake.notified().await;
+            match retry_at {
+                None => wake.notified().await,
+                Some(at) => {
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep_until(at) => {
+                            retry_at = None;
+                            request_work(&shared, &uid);
+                        }
+                    }
+                }
+            }
             continue;
         };
+        retry_at = None;
         let status = shared.cache.get_newer_than(&uid, last_change).await;
         let outcome = perform(&shared, &step, &status).await;
         if !matches!(
@@ -371,17 +451,46 @@ async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
                     worker.work_requested = true;
                 }
                 if next_phase == WorkerPhase::Syncing {
-                    shared.queue.enqueue(uid.clone(), shared.resync_interval);
+                    shared
+                        .queue
+                        .enqueue(uid.clone(), jittered(shared.resync_interval));
+                }
+                if next_phase == (WorkerPhase::Terminated { cleaned_up: true })
+                    && worker.restart_requested
+                {
+                    tracing::info!(pod = %pod_label(&worker.pod), %uid, "pod was added again while it terminated, starting it again");
+                    worker.restart();
                 }
             }
             Err(err) => {
                 let pod = match &step {
                     Step::Sync(pod, _) | Step::Terminate(pod, _) | Step::CleanUp(pod, _) => pod,
                 };
-                tracing::warn!(pod = %pod_label(pod), %uid, %err, "error syncing pod, will retry");
-                shared.queue.enqueue(uid.clone(), shared.backoff_period);
+                let delay = jittered(if err.reason == NETWORK_NOT_READY {
+                    TRANSIENT_ERROR_BACKOFF
+                } else {
+                    shared.backoff_period
+                });
+                tracing::warn!(pod = %pod_label(pod), %uid, %err, retry_in = ?delay, "error syncing pod, will retry");
+                if matches!(step, Step::Sync(..)) {
+                    shared.queue.enqueue(uid.clone(), delay);
+                } else {
+                    retry_at = Some(Instant::now() + delay);
+                }
             }
         }
+    }
+}
+
+/// Asks the worker of `uid` for another round (its retry time has come).
+fn request_work(shared: &Shared, uid: &PodUid) {
+    if let Some(worker) = shared
+        .workers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_mut(uid)
+    {
+        worker.work_requested = true;
     }
 }
 
@@ -415,10 +524,10 @@ async fn perform(shared: &Shared, step: &Step, status: &PodStatus) -> Result<Per
                 changed_runtime: true,
             })
         }
-        Step::CleanUp(pod, removed) => {
+        Step::CleanUp(pod, cleanup) => {
             shared
                 .syncer
-                .sync_terminated_pod(pod, status, *removed)
+                .sync_terminated_pod(pod, status, *cleanup)
                 .await?;
             Ok(Performed {
                 phase: WorkerPhase::Terminated { cleaned_up: true },
@@ -438,7 +547,7 @@ mod tests {
     enum Call {
         Sync(String, UpdateType),
         Terminate(Option<i64>),
-        CleanUp(bool),
+        CleanUp(Cleanup),
     }
 
     struct Recording {
@@ -449,6 +558,8 @@ mod tests {
         /// Each sync waits for a permit, so tests can hold a worker busy.
         gate: Arc<tokio::sync::Semaphore>,
         fail_terminate_once: Mutex<bool>,
+        /// Every sync fails with this reason.
+        sync_error: Mutex<Option<&'static str>>,
     }
 
     #[async_trait]
@@ -462,6 +573,12 @@ mod tests {
             self.gate.acquire().await.unwrap().forget();
             let image = pod.metadata.name.clone().unwrap();
             self.calls.send(Call::Sync(image, update_type)).unwrap();
+            if let Some(reason) = *self.sync_error.lock().unwrap() {
+                return Err(SyncError {
+                    reason,
+                    message: "failed".into(),
+                });
+            }
             Ok(SyncOutcome {
                 terminal: self.terminal_after_sync,
                 changed_runtime: self.changes_runtime,
@@ -490,9 +607,9 @@ mod tests {
             &self,
             _pod: &Pod,
             _status: &PodStatus,
-            removed: bool,
+            cleanup: Cleanup,
         ) -> Result<(), SyncError> {
-            self.calls.send(Call::CleanUp(removed)).unwrap();
+            self.calls.send(Call::CleanUp(cleanup)).unwrap();
             Ok(())
         }
     }
@@ -523,6 +640,7 @@ mod tests {
         calls: mpsc::UnboundedReceiver<Call>,
         gate: Arc<tokio::sync::Semaphore>,
         queue: Arc<WorkQueue>,
+        syncer: Arc<Recording>,
     }
 
     fn fixture(terminal_after_sync: bool, fail_terminate_once: bool, permits: usize) -> Fixture {
@@ -543,12 +661,13 @@ mod tests {
             changes_runtime,
             gate: Arc::clone(&gate),
             fail_terminate_once: Mutex::new(fail_terminate_once),
+            sync_error: Mutex::new(None),
         });
         let cache = Arc::new(PodCache::new());
         cache.update_time(Instant::now());
         let queue = Arc::new(WorkQueue::default());
         let workers = PodWorkers::new(
-            syncer,
+            Arc::clone(&syncer) as Arc<dyn PodSyncer>,
             cache,
             Arc::clone(&queue),
             Duration::from_mins(1),
@@ -559,6 +678,7 @@ mod tests {
             calls,
             gate,
             queue,
+            syncer,
         }
     }
 
@@ -640,7 +760,7 @@ mod tests {
         relist(&f.workers).await;
         assert_eq!(f.calls.recv().await, Some(Call::Terminate(Some(5))));
         relist(&f.workers).await;
-        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(true)));
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Removed)));
         assert_eq!(
             f.workers.phase(&PodUid::from("uid-1")),
             Some(WorkerPhase::Terminated { cleaned_up: true })
@@ -661,31 +781,143 @@ mod tests {
         relist(&f.workers).await;
         assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
         relist(&f.workers).await;
-        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(false)));
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Kept)));
         let wanted: HashSet<PodUid> = [PodUid::from("uid-1")].into();
         assert!(f.workers.forget_finished(&wanted).is_empty());
         assert!(!f.workers.is_pod_active(&PodUid::from("uid-1")));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_failed_termination_is_retried_through_the_work_queue() {
+    async fn a_failed_stop_of_a_removed_pod_is_retried_by_the_worker_after_the_back_off() {
         let mut f = fixture(false, true, 10);
         let mut kill = update("v1", UpdateType::Kill);
         kill.pod_removed = true;
         f.workers.update_pod(kill);
         assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
-        tokio::task::yield_now().await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
         assert!(
-            f.queue.take_due().is_empty(),
-            "retry must wait for the back-off"
+            f.calls.try_recv().is_err(),
+            "the retry must wait for the back-off"
         );
-        tokio::time::advance(SYNC_BACKOFF_PERIOD).await;
-        assert_eq!(f.queue.take_due(), vec![PodUid::from("uid-1")]);
+        // Nobody dispatches the pod again (it is gone from the pod manager) and the work queue
+        // is not involved: the worker tries again on its own.
+        tokio::time::advance(SYNC_BACKOFF_PERIOD.mul_f64(1.0 + JITTER_FACTOR)).await;
         relist(&f.workers).await;
-        f.workers.update_pod(update("v1", UpdateType::Sync));
         assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
         relist(&f.workers).await;
-        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(true)));
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Removed)));
+        assert!(f.queue.take_due().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_added_again_while_it_terminates_runs_again_once_it_is_cleaned_up() {
+        let mut f = fixture(false, false, 10);
+        f.workers.update_pod(update("v1", UpdateType::Create));
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v1".into(), UpdateType::Create))
+        );
+        let mut kill = update("v1", UpdateType::Kill);
+        kill.pod_removed = true;
+        f.workers.update_pod(kill);
+        f.workers.update_pod(update("v2", UpdateType::Create));
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
+        relist(&f.workers).await;
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::CleanUp(Cleanup::Restarting)),
+            "a pod that runs again keeps its volumes"
+        );
+        relist(&f.workers).await;
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v2".into(), UpdateType::Create))
+        );
+        assert_eq!(
+            f.workers.phase(&PodUid::from("uid-1")),
+            Some(WorkerPhase::Syncing)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_added_again_after_its_cleanup_runs_again_at_once() {
+        let mut f = fixture(false, false, 10);
+        let mut kill = update("v1", UpdateType::Kill);
+        kill.pod_removed = true;
+        f.workers.update_pod(kill);
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Removed)));
+        tokio::task::yield_now().await;
+        f.workers.update_pod(update("v2", UpdateType::Create));
+        relist(&f.workers).await;
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v2".into(), UpdateType::Create))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_removed_again_before_it_restarted_stays_stopped() {
+        let mut f = fixture(false, false, 0);
+        f.workers.update_pod(update("v1", UpdateType::Create));
+        tokio::task::yield_now().await;
+        let mut kill = update("v1", UpdateType::Kill);
+        kill.pod_removed = true;
+        f.workers.update_pod(kill.clone());
+        f.workers.update_pod(update("v1", UpdateType::Create));
+        f.workers.update_pod(kill);
+        f.workers.update_pod(update("v1", UpdateType::Update));
+        f.gate.add_permits(10);
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v1".into(), UpdateType::Create))
+        );
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
+        relist(&f.workers).await;
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Removed)));
+        relist(&f.workers).await;
+        tokio::task::yield_now().await;
+        assert!(
+            f.calls.try_recv().is_err(),
+            "nothing runs after the removal"
+        );
+    }
+
+    #[test]
+    fn jitter_stretches_a_period_by_up_to_half() {
+        for _ in 0..1000 {
+            let delay = jittered(SYNC_BACKOFF_PERIOD);
+            assert!(delay >= SYNC_BACKOFF_PERIOD && delay < Duration::from_secs(15));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_sync_is_retried_through_the_work_queue_sooner_while_the_network_is_not_ready()
+    {
+        for (reason, earliest, latest) in [
+            (NETWORK_NOT_READY, 1_000, 1_500),
+            ("FailedSync", 10_000, 15_000),
+        ] {
+            let mut f = fixture(false, false, 10);
+            *f.syncer.sync_error.lock().unwrap() = Some(reason);
+            f.workers.update_pod(update("v1", UpdateType::Create));
+            f.calls.recv().await;
+            tokio::task::yield_now().await;
+            let started = Instant::now();
+            while f.queue.take_due().is_empty() {
+                tokio::time::advance(Duration::from_millis(10)).await;
+            }
+            let waited = started.elapsed().as_millis();
+            assert!(
+                (earliest..=latest).contains(&waited),
+                "{reason}: retried after {waited} ms"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -696,7 +928,8 @@ mod tests {
         tokio::task::yield_now().await;
         tokio::time::advance(Duration::from_secs(59)).await;
         assert!(f.queue.take_due().is_empty());
-        tokio::time::advance(Duration::from_secs(1)).await;
+        // Stretched by up to half the interval, so pods synced together spread out.
+        tokio::time::advance(Duration::from_secs(31)).await;
         assert_eq!(f.queue.take_due(), vec![PodUid::from("uid-1")]);
     }
 }

@@ -659,6 +659,28 @@ pub fn containers_of_namespace(namespace: &str) -> Result<Vec<String>> {
     containers_labelled(|labels| labels["io.kubernetes.pod.namespace"] == namespace)
 }
 
+/// Whether containerd runs a task (the container's process) for container `id`.
+pub fn task_running(id: &str) -> Result<bool> {
+    let out = Command::new("ctr")
+        .args([
+            "--address",
+            CONTAINERD_SOCKET,
+            "-n",
+            "k8s.io",
+            "tasks",
+            "ls",
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!("ctr tasks ls failed");
+    }
+    // TASK PID STATUS
+    Ok(String::from_utf8_lossy(&out.stdout).lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        fields.next() == Some(id) && fields.nth(1) == Some("RUNNING")
+    }))
+}
+
 /// The labels containerd keeps on container `id` (`io.kubernetes.pod.uid`, `…pod.name`, …).
 pub fn container_labels(id: &str) -> Result<Value> {
     let info = Command::new("ctr")

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Result;
 use ringlet_tests::{
     Agent, AgentOptions, busybox_pod, container_status, containers_of_node, http_get,
-    memory_hog_pod, phase, require_lab, run_once, wait_for,
+    memory_hog_pod, phase, require_lab, run_once, task_running, wait_for,
 };
 use serde_json::Value;
 
@@ -128,6 +128,75 @@ fn editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it() -> Result<()
                 .then_some(())
         },
     )?;
+    Ok(())
+}
+
+/// kubeadm restarts a static pod by moving its manifest out of the directory and back. The pod is
+/// added again with the same UID while it is still stopping (its `sleep` ignores SIGTERM, so the
+/// stop takes the 2 s grace period): it must run again once stopped, keep its volume, and `/pods`
+/// must name the container that really runs.
+#[test]
+fn a_manifest_moved_out_and_back_restarts_the_pod_with_its_volume() -> Result<()> {
+    if !require_lab("a_manifest_moved_out_and_back_restarts_the_pod_with_its_volume") {
+        return Ok(());
+    }
+    let agent = Agent::start("moved", AgentOptions::default())?;
+    agent.write_manifest(
+        "app.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: app
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: busybox
+    command: ["sh", "-c", "echo started >> /scratch/starts; exec sleep 3600"]
+    volumeMounts:
+    - {name: scratch, mountPath: /scratch}
+  volumes:
+  - {name: scratch, emptyDir: {}}
+"#,
+    )?;
+    let first = agent.wait_pod("app", "running", START, |p| running(p, "main"))?;
+    let uid = first["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let first_container = container_id(&first, "main");
+
+    let away = agent.dir.path().join("app.yaml.away");
+    std::fs::rename(agent.manifests().join("app.yaml"), &away)?;
+    wait_for("the pod to leave /pods", START, || {
+        agent.pod("app").is_none().then_some(())
+    })?;
+    std::fs::rename(&away, agent.manifests().join("app.yaml"))?;
+
+    let second = agent.wait_pod("app", "running again in a new container", START, |p| {
+        running(p, "main") && container_id(p, "main") != first_container
+    })?;
+    assert_eq!(second["metadata"]["uid"], uid.as_str(), "the same pod");
+    let second_id = container_id(&second, "main");
+    assert!(
+        task_running(second_id.trim_start_matches("containerd://"))?,
+        "/pods names {second_id} running, containerd does not run it"
+    );
+    assert!(!task_running(
+        first_container.trim_start_matches("containerd://")
+    )?);
+    let starts = agent
+        .root_dir()
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~empty-dir/scratch/starts");
+    assert_eq!(
+        std::fs::read_to_string(&starts)?,
+        "started\nstarted\n",
+        "both lives of the pod wrote to the same emptyDir"
+    );
     Ok(())
 }
 

@@ -1,7 +1,7 @@
-//! `cargo xtask test`: the unit and component tiers, then the privileged tiers against the lab (the
-//! runtime manager's smoke tests on real containerd, and the end-to-end suite, which shares one
-//! control plane for the whole run).
-//! Both tiers always run, so one failing tier still shows the other's results.
+//! `cargo xtask test`: the lints (`cargo fmt --check`, clippy with warnings as errors), the unit and
+//! component tiers, then the privileged tiers against the lab (the runtime manager's smoke tests on
+//! real containerd, and the end-to-end suite, which shares one control plane for the whole run).
+//! Every tier always runs, so one failing tier still shows the others' results.
 
 use anyhow::{Result, bail};
 
@@ -20,6 +20,26 @@ pub fn run() -> Result<()> {
     // After the lab, which installs etcd-server.
     println!("== control plane");
     cluster::up()?;
+
+    println!("== lints");
+    let formatted = cargo()
+        .current_dir(&root)
+        .args(["fmt", "--all", "--check"])
+        .status()?
+        .success();
+    let clippy = cargo()
+        .current_dir(&root)
+        .args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .status()?
+        .success();
+    let lints = formatted && clippy;
 
     println!("== unit and component tests");
     let unit = cargo()
@@ -73,11 +93,12 @@ pub fn run() -> Result<()> {
 
     let verdict = |ok: bool| if ok { "passed" } else { "FAILED" };
     println!(
-        "unit and component tests {}, privileged tests {}",
+        "lints {}, unit and component tests {}, privileged tests {}",
+        verdict(lints),
         verdict(unit),
         verdict(privileged)
     );
-    if !(unit && privileged) {
+    if !(lints && unit && privileged) {
         bail!("tests failed");
     }
     Ok(())

@@ -5,11 +5,14 @@
 //! PLEG's view, not from listing the runtime; the cleanup that lists the runtime and walks the pod
 //! cgroups runs when something died or went away, and in relist mode also once a minute (in ebpf
 //! mode the kernel reports every death, so an idle node lists nothing but its pod directories).
+//! That cleanup runs as a task of its own (the kubelet runs container GC in its own goroutine), one
+//! round at a time, and its cgroup work on the blocking pool: the sync loop never waits for it.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cm::PodContainerManager;
@@ -35,6 +38,8 @@ pub struct Housekeeping {
     last_gc: Option<Instant>,
     /// Orphaned runtime pods being stopped, so a slow stop is not started twice.
     killing: Arc<Mutex<HashSet<PodUid>>>,
+    /// The cleanup round in progress, if any.
+    cleanup: Option<JoinHandle<()>>,
 }
 
 impl Housekeeping {
@@ -54,6 +59,7 @@ impl Housekeeping {
             gc_requested: true,
             last_gc: None,
             killing: Arc::default(),
+            cleanup: None,
         }
     }
 
@@ -93,37 +99,32 @@ impl Housekeeping {
         if !(self.gc_requested || periodic_gc_due) {
             return;
         }
+        if self
+            .cleanup
+            .as_ref()
+            .is_some_and(|round| !round.is_finished())
+        {
+            // Asked again while a round runs: the next housekeeping takes it.
+            self.gc_requested = true;
+            return;
+        }
         self.gc_requested = false;
         self.last_gc = Some(Instant::now());
-        if let Err(err) = self
-            .runtime
-            .garbage_collect(self.max_dead_containers_per_container, &keep)
-            .await
-        {
-            tracing::warn!(%err, "container garbage collection failed");
-        }
-
-        let in_runtime: HashSet<&PodUid> = running.iter().map(|p| &p.uid).collect();
+        let in_runtime: HashSet<PodUid> = running.into_iter().map(|p| p.uid).collect();
         let orphaned_dirs: Vec<PodUid> = pod_dirs
             .into_iter()
             .filter(|uid| !keep.contains(uid) && !in_runtime.contains(uid))
             .collect();
-        if !orphaned_dirs.is_empty() {
-            self.volumes.remove_pod_dirs(orphaned_dirs).await;
-        }
-        match self.pod_cgroups.list_pod_cgroups() {
-            Ok(cgroups) => {
-                for cgroup in cgroups {
-                    if keep.contains(&cgroup.uid) || in_runtime.contains(&cgroup.uid) {
-                        continue;
-                    }
-                    if let Err(err) = self.pod_cgroups.destroy(&cgroup.uid, cgroup.qos) {
-                        tracing::warn!(uid = %cgroup.uid, %err, "cannot remove orphaned pod cgroup");
-                    }
-                }
-            }
-            Err(err) => tracing::warn!(%err, "cannot list pod cgroups"),
-        }
+        let round = CleanupRound {
+            runtime: Arc::clone(&self.runtime),
+            pod_cgroups: Arc::clone(&self.pod_cgroups),
+            volumes: self.volumes.clone(),
+            max_dead_containers_per_container: self.max_dead_containers_per_container,
+            keep,
+            in_runtime,
+            orphaned_dirs,
+        };
+        self.cleanup = Some(tokio::spawn(round.run()));
     }
 
     fn kill_orphan(&self, pod: crate::container::RunningPod) {
@@ -147,5 +148,62 @@ impl Housekeeping {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&pod.uid);
         });
+    }
+}
+
+/// One cleanup: dead containers and sandboxes, then the pod directories and pod cgroups that no
+/// wanted or running pod owns.
+struct CleanupRound {
+    runtime: Arc<dyn Runtime>,
+    pod_cgroups: Arc<PodContainerManager>,
+    volumes: VolumeManager,
+    max_dead_containers_per_container: usize,
+    keep: HashSet<PodUid>,
+    in_runtime: HashSet<PodUid>,
+    orphaned_dirs: Vec<PodUid>,
+}
+
+impl CleanupRound {
+    async fn run(self) {
+        if let Err(err) = self
+            .runtime
+            .garbage_collect(self.max_dead_containers_per_container, &self.keep)
+            .await
+        {
+            tracing::warn!(%err, "container garbage collection failed");
+        }
+        if !self.orphaned_dirs.is_empty() {
+            self.volumes.remove_pod_dirs(self.orphaned_dirs).await;
+        }
+        let (pod_cgroups, keep, in_runtime) = (self.pod_cgroups, self.keep, self.in_runtime);
+        let removed = tokio::task::spawn_blocking(move || {
+            remove_orphaned_cgroups(&pod_cgroups, &keep, &in_runtime);
+        })
+        .await;
+        if let Err(err) = removed {
+            tracing::warn!(%err, "removing orphaned pod cgroups did not finish");
+        }
+    }
+}
+
+/// Removes the pod cgroups of pods neither wanted nor running (blocking: cgroup v1 removal waits
+/// for each controller).
+fn remove_orphaned_cgroups(
+    pod_cgroups: &PodContainerManager,
+    keep: &HashSet<PodUid>,
+    in_runtime: &HashSet<PodUid>,
+) {
+    match pod_cgroups.list_pod_cgroups() {
+        Ok(cgroups) => {
+            for cgroup in cgroups {
+                if keep.contains(&cgroup.uid) || in_runtime.contains(&cgroup.uid) {
+                    continue;
+                }
+                if let Err(err) = pod_cgroups.destroy(&cgroup.uid, cgroup.qos) {
+                    tracing::warn!(uid = %cgroup.uid, %err, "cannot remove orphaned pod cgroup");
+                }
+            }
+        }
+        Err(err) => tracing::warn!(%err, "cannot list pod cgroups"),
     }
 }

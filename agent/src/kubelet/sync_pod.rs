@@ -17,7 +17,9 @@ use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
 use crate::objects::ApiObjects;
 use crate::pleg::LatencyTracker;
-use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome, UpdateType};
+use crate::pod_workers::{
+    Cleanup, NETWORK_NOT_READY, PodSyncer, SyncError, SyncOutcome, UpdateType,
+};
 use crate::podconfig::CONFIG_SEEN_ANNOTATION;
 use crate::prober::ProbeHandle;
 use crate::status::{ReasonCache, StatusInputs, StatusManager, generate_api_pod_status};
@@ -97,6 +99,19 @@ fn since_first_seen(pod: &Pod, now: SystemTime) -> Option<Duration> {
     let now = now.duration_since(UNIX_EPOCH).ok()?.as_nanos();
     let elapsed = i128::try_from(now).ok()? - seen.as_nanosecond();
     u64::try_from(elapsed).ok().map(Duration::from_nanos)
+}
+
+/// Runs cgroup work on the blocking pool (cgroups-rs waits up to ~150 ms per v1 controller when it
+/// creates or removes one); a failure is a sync error with `reason`.
+async fn on_blocking_pool<E: std::fmt::Display + Send + 'static>(
+    reason: &'static str,
+    work: impl FnOnce() -> Result<(), E> + Send + 'static,
+) -> Result<(), SyncError> {
+    let to_error = |message: String| SyncError { reason, message };
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| to_error(format!("cgroup task did not finish: {err}")))?
+        .map_err(|err| to_error(err.to_string()))
 }
 
 impl KubeletSyncer {
@@ -192,18 +207,20 @@ impl PodSyncer for KubeletSyncer {
             .unwrap_or(false);
         if !host_network && let Some(reason) = self.runtime_state.network_error() {
             return Err(SyncError {
-                reason: "NetworkNotReady",
+                reason: NETWORK_NOT_READY,
                 message: reason,
             });
         }
-        self.pod_cgroups
-            .ensure_exists(pod)
-            .map_err(|err| SyncError {
-                reason: "FailedCreatePodCgroup",
-                message: err.to_string(),
-            })?;
+        let (cgroups, owned) = (Arc::clone(&self.pod_cgroups), pod.clone());
+        on_blocking_pool("FailedCreatePodCgroup", move || {
+            cgroups.ensure_exists(&owned)
+        })
+        .await?;
         if update_type == UpdateType::Create {
             tracing::info!(pod = %pod_object(pod), "syncing new pod");
+            // Already there for a pod just added; a pod that starts again after its termination
+            // (added again with the same UID) had its probes stopped.
+            self.probes.add_pod(pod);
         }
         self.mount_volumes(pod).await?;
         let result = self.runtime.sync_pod(pod, status).await;
@@ -270,20 +287,29 @@ impl PodSyncer for KubeletSyncer {
         &self,
         pod: &Pod,
         status: &PodStatus,
-        pod_removed: bool,
+        cleanup: Cleanup,
     ) -> Result<(), SyncError> {
         let uid = uid_of(pod);
         self.probes.remove_pod(&uid);
-        if !pod_removed {
-            self.update_status(pod, status, true);
+        match cleanup {
+            Cleanup::Kept => {
+                self.update_status(pod, status, true);
+            }
+            Cleanup::Restarting => {
+                // The stopped containers show as they are until the pod runs again, and then
+                // may run again whatever their restart policy: it is a new life of the pod.
+                self.update_status(pod, status, true);
+                self.status.allow_restart(&uid);
+            }
+            Cleanup::Removed => {}
         }
-        self.pod_cgroups
-            .destroy(&uid, qos_class(pod))
-            .map_err(|err| SyncError {
-                reason: "FailedDeletePodCgroup",
-                message: err.to_string(),
-            })?;
-        if pod_removed {
+        let (cgroups, owned_uid, qos) =
+            (Arc::clone(&self.pod_cgroups), uid.clone(), qos_class(pod));
+        on_blocking_pool("FailedDeletePodCgroup", move || {
+            cgroups.destroy(&owned_uid, qos)
+        })
+        .await?;
+        if cleanup == Cleanup::Removed {
             if let Some(objects) = &self.objects {
                 objects.unregister_pod(&uid);
             }

@@ -4,11 +4,17 @@
 
 use std::collections::{HashMap, HashSet};
 
+use futures::{StreamExt, stream};
+
 use ringlet_proto::runtime::v1 as cri;
 
 use super::status::{container_filter, sandbox_filter};
 use super::{CriError, KubeGenericRuntimeManager, labels};
 use crate::container::PodUid;
+
+/// How many removals garbage collection has in flight at once: a torn-down node's hundreds of
+/// containers go in parallel, without flooding the runtime.
+const REMOVAL_CONCURRENCY: usize = 8;
 
 /// What garbage collection will remove, decided from the listed objects alone.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -125,12 +131,20 @@ impl KubeGenericRuntimeManager {
                 first_error.get_or_insert(e);
             }
         };
-        for id in &plan.containers {
-            note(self.cri.remove_container(id).await);
-        }
-        for id in &plan.sandboxes {
-            note(self.cri.remove_pod_sandbox(id).await);
-        }
+        // Containers first: a sandbox is only removed once nothing refers to it.
+        let cri = &self.cri;
+        let removed: Vec<_> = stream::iter(plan.containers.iter().cloned())
+            .map(|id| async move { cri.remove_container(&id).await })
+            .buffer_unordered(REMOVAL_CONCURRENCY)
+            .collect()
+            .await;
+        removed.into_iter().for_each(&mut note);
+        let removed: Vec<_> = stream::iter(plan.sandboxes.iter().cloned())
+            .map(|id| async move { cri.remove_pod_sandbox(&id).await })
+            .buffer_unordered(REMOVAL_CONCURRENCY)
+            .collect()
+            .await;
+        removed.into_iter().for_each(&mut note);
         for (uid, name, namespace) in &plan.gone_pods {
             self.forget_pod(uid);
             let dir = self.helper.pod_log_dir(namespace, name, uid);

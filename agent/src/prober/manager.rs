@@ -4,7 +4,6 @@
 //! loop through [`ProbeManager::next_update`]; everyone else uses the cloneable [`ProbeHandle`].
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -195,10 +194,16 @@ impl ProbeHandle {
         self.stop_where(|key| !desired.contains(&key.pod));
     }
 
+    /// Stops the matching workers and forgets them at once, so an `add_pod` right after starts
+    /// fresh workers (a pod added again with the same UID) instead of finding the stopping ones.
     fn stop_where(&self, stop: impl Fn(&Key) -> bool) {
-        for (_, entry) in self.shared.workers().iter().filter(|(k, _)| stop(k)) {
-            entry.stop.notify_one();
-        }
+        self.shared.workers().retain(|key, entry| {
+            let stopping = stop(key);
+            if stopping {
+                entry.stop.notify_one();
+            }
+            !stopping
+        });
     }
 
     fn has_worker(&self, pod: &PodUid, container: &str, probe_type: ProbeType) -> bool {
@@ -293,16 +298,18 @@ impl Worker {
         if let Some(id) = state.container_id() {
             self.shared.results.remove(self.key.probe_type, id);
         }
-        {
+        let replaced = {
             let mut workers = self.shared.workers();
-            if workers
-                .get(&self.key)
-                .is_some_and(|e| e.serial == self.serial)
-            {
+            let current = workers.get(&self.key).map(|e| e.serial);
+            if current == Some(self.serial) {
                 workers.remove(&self.key);
             }
+            current.is_some_and(|serial| serial != self.serial)
+        };
+        // A worker that took this one's place reports under the same labels.
+        if !replaced {
+            self.shared.metrics.forget_probe(&labels);
         }
-        self.shared.metrics.forget_probe(&labels);
     }
 
     /// Right after the agent started, the first probe waits a random part of the period so a
@@ -312,7 +319,7 @@ impl Worker {
         if self.shared.started.elapsed() >= period {
             return false;
         }
-        let jitter = period.mul_f64(random_fraction());
+        let jitter = period.mul_f64(fastrand::f64());
         tokio::select! {
             () = self.stop.notified() => true,
             () = tokio::time::sleep(jitter) => false,
@@ -355,19 +362,6 @@ impl Worker {
         state.record(result);
         true
     }
-}
-
-/// A number in [0, 1) that differs between calls (the std hasher's random keys), for the jitter.
-fn random_fraction() -> f64 {
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    let high = u32::try_from(hasher.finish() >> 32).unwrap_or(0);
-    f64::from(high) / (f64::from(u32::MAX) + 1.0)
 }
 
 #[cfg(test)]
@@ -569,10 +563,10 @@ mod tests {
         );
 
         f.handle.remove_pod(&PodUid::from("u1"));
-        while !f.handle.shared.workers().is_empty() {
+        assert!(f.handle.shared.workers().is_empty(), "forgotten at once");
+        while f.results.get(ProbeType::Readiness, &id).is_some() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert_eq!(f.results.get(ProbeType::Readiness, &id), None);
         assert!(
             !f.metrics.render_probes().unwrap().contains("pod=\"web\""),
             "the worker's series are gone"
@@ -583,6 +577,28 @@ mod tests {
             f.runner.calls.load(Ordering::SeqCst),
             calls,
             "no probe after the stop"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_added_again_right_after_its_removal_is_probed_by_fresh_workers() {
+        let pod = pod(every_ten_seconds());
+        let mut f = fixture(&pod);
+        f.handle.add_pod(&pod);
+        f.manager.next_update().await.unwrap();
+        let uid = PodUid::from("u1");
+        f.handle.remove_pod(&uid);
+        f.handle.add_pod(&pod);
+        assert!(f.handle.has_worker(&uid, "app", ProbeType::Readiness));
+        let calls = f.runner.calls.load(Ordering::SeqCst);
+        tokio::time::sleep(PERIOD * 3).await;
+        assert!(
+            f.runner.calls.load(Ordering::SeqCst) > calls,
+            "the new worker probes"
+        );
+        assert!(
+            f.metrics.render_probes().unwrap().contains("pod=\"web\""),
+            "the stopped worker did not take the new one's series with it"
         );
     }
 

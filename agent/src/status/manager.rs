@@ -15,6 +15,9 @@ use crate::container::{ContainerId, PodUid};
 struct Versioned {
     status: ApiPodStatus,
     version: u64,
+    /// The pod starts a new life (added again with the same UID after it terminated): the next
+    /// status is stored without the transition rules.
+    restarting: bool,
 }
 
 /// Cloneable handle to the pod statuses; every clone sees the same store.
@@ -50,17 +53,27 @@ impl StatusManager {
         match pods.get_mut(&uid) {
             Some(old) if old.status == status => false,
             Some(old) => {
-                if let Err(reason) = check_transition(pod, &old.status, &status) {
+                if !old.restarting
+                    && let Err(reason) = check_transition(pod, &old.status, &status)
+                {
                     tracing::warn!(pod = %uid, reason, "refusing pod status update");
                     return false;
                 }
                 old.status = status;
                 old.version += 1;
+                old.restarting = false;
                 self.changed.notify_one();
                 true
             }
             None => {
-                pods.insert(uid, Versioned { status, version: 1 });
+                pods.insert(
+                    uid,
+                    Versioned {
+                        status,
+                        version: 1,
+                        restarting: false,
+                    },
+                );
                 self.changed.notify_one();
                 true
             }
@@ -130,6 +143,15 @@ impl StatusManager {
     /// How many distinct statuses the pod has had (1 after the first).
     pub fn version(&self, uid: &PodUid) -> Option<u64> {
         self.lock().get(uid).map(|v| v.version)
+    }
+
+    /// Lets the next status of pod `uid` move its containers and phase anywhere: the pod was
+    /// stopped and runs again with the same UID. The version keeps counting, so the change still
+    /// reaches the API server.
+    pub fn allow_restart(&self, uid: &PodUid) {
+        if let Some(stored) = self.lock().get_mut(uid) {
+            stored.restarting = true;
+        }
     }
 
     /// Forgets every pod not in `keep`.
