@@ -179,34 +179,4 @@ mod tests {
             }
         }
     }
-
-    /// Time of one sweep over every file of a few cgroup directories, uring vs epoll. Run with
-    /// `cargo test --release -p ringlet --lib io::fs::tests::sweep_latency -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "measurement, not a test; run in release mode"]
-    fn sweep_latency() {
-        const SWEEPS: u32 = 200;
-        let paths: Vec<PathBuf> = ["memory", "cpu", "cpuacct", "pids", "unified"]
-            .iter()
-            .filter_map(|dir| std::fs::read_dir(Path::new("/sys/fs/cgroup").join(dir)).ok())
-            .flatten()
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .filter(|path| path.is_file())
-            .collect();
-        for engine in [IoEngine::Uring, IoEngine::Epoll] {
-            let elapsed = block_on(engine, async {
-                let start = std::time::Instant::now();
-                for _ in 0..SWEEPS {
-                    read_small_files(&paths, engine).await;
-                }
-                start.elapsed()
-            })
-            .unwrap();
-            println!(
-                "{engine}: sweep of {} cgroup files: {:?}",
-                paths.len(),
-                elapsed / SWEEPS
-            );
-        }
-    }
 }

@@ -92,7 +92,6 @@ mod tests {
     use std::convert::Infallible;
     use std::path::Path;
     use std::rc::Rc;
-    use std::time::Instant;
 
     use bytes::{BufMut, Bytes, BytesMut};
     use http_body_util::StreamBody;
@@ -236,35 +235,6 @@ mod tests {
                 status.code(),
                 tonic::Code::Unavailable,
                 "{engine}: {status}"
-            );
-        }
-    }
-
-    /// Latency of CRI `Version` calls on the lab's containerd, uring (through the pipe) vs epoll. Run
-    /// with `cargo test --release -p ringlet --lib io::grpc::tests::cri_version_latency -- --ignored
-    /// --nocapture`.
-    #[test]
-    #[ignore = "measurement against the lab's containerd; run in release mode"]
-    fn cri_version_latency() {
-        const CALLS: u32 = 5_000;
-        for engine in ENGINES {
-            let elapsed = block_on(engine, async move {
-                let channel = unix_channel("/run/containerd/containerd.sock".into(), engine);
-                let mut client = RuntimeServiceClient::new(channel);
-                let request = || cri::VersionRequest {
-                    version: "v1".into(),
-                };
-                client.version(request()).await.unwrap();
-                let start = Instant::now();
-                for _ in 0..CALLS {
-                    client.version(request()).await.unwrap();
-                }
-                start.elapsed()
-            })
-            .unwrap();
-            println!(
-                "{engine}: {CALLS} CRI Version calls in {elapsed:?}, {:?} each",
-                elapsed / CALLS
             );
         }
     }

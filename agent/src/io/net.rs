@@ -562,7 +562,7 @@ impl AsyncWrite for Stream {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
@@ -910,32 +910,6 @@ mod tests {
                 assert_eq!(&buf, b"hello", "{engine}");
             })
             .unwrap();
-        }
-    }
-
-    /// Round-trip latency of small requests on one keep-alive connection, client and server on the same
-    /// thread. Run with
-    /// `cargo test --release -p ringlet --lib io::net::tests::keep_alive_latency -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "measurement, not a test; run in release mode"]
-    fn keep_alive_latency() {
-        const REQUESTS: u32 = 10_000;
-        for engine in ENGINES {
-            let elapsed = block_on(engine, async move {
-                let addr = spawn_server(engine);
-                let mut sender = client(addr, engine).await;
-                post(&mut sender, Bytes::from_static(b"warm-up")).await;
-                let start = Instant::now();
-                for _ in 0..REQUESTS {
-                    post(&mut sender, Bytes::from_static(b"ping")).await;
-                }
-                start.elapsed()
-            })
-            .unwrap();
-            println!(
-                "{engine}: {REQUESTS} requests in {elapsed:?}, {:?} per round trip",
-                elapsed / REQUESTS
-            );
         }
     }
 }

@@ -17,8 +17,8 @@ use tokio::task::JoinHandle;
 
 use super::fake_host::{FakeHost, Gate};
 use super::*;
+use crate::io::spawn_connection;
 use crate::io::testing::on_both_engines;
-use crate::io::{self, spawn_connection};
 
 struct Running {
     addr: SocketAddr,
@@ -98,50 +98,6 @@ pub(crate) fn host_with_large_pods() -> FakeHost {
         })
         .collect();
     host
-}
-
-/// Round trips of `/healthz` on one keep-alive connection through the whole listener, client and
-/// server on the engine's thread. Run with
-/// `cargo test --release -p ringlet --lib server::tests::healthz_latency -- --ignored --nocapture`.
-#[test]
-#[ignore = "measurement, not a test; run in release mode"]
-fn healthz_latency() {
-    const REQUESTS: u32 = 5_000;
-    for engine in [IoEngine::Uring, IoEngine::Epoll] {
-        let elapsed = io::block_on(engine, async move {
-            let server = start(engine, Arc::new(FakeHost::new()), true);
-            let stream = io::connect_tcp(server.addr, engine).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            spawn_connection(connection);
-            let mut started = None;
-            for round in 0..=REQUESTS {
-                if round == 1 {
-                    started = Some(std::time::Instant::now());
-                }
-                sender.ready().await.unwrap();
-                let request = Request::get("/healthz")
-                    .header(HOST, "localhost")
-                    .body(Empty::<Bytes>::new())
-                    .unwrap();
-                let response = sender.send_request(request).await.unwrap();
-                assert_eq!(response.status(), StatusCode::OK);
-                response.into_body().collect().await.unwrap();
-            }
-            let elapsed = started.unwrap().elapsed();
-            drop(sender);
-            stop(server).await.unwrap();
-            elapsed
-        })
-        .unwrap();
-        println!(
-            "{engine}: {REQUESTS} requests in {elapsed:?}, {:?} per round trip",
-            elapsed / REQUESTS
-        );
-    }
 }
 
 async fn stop(running: Running) -> Result<(), ServerError> {
