@@ -659,8 +659,9 @@ pub fn containers_of_namespace(namespace: &str) -> Result<Vec<String>> {
     containers_labelled(|labels| labels["io.kubernetes.pod.namespace"] == namespace)
 }
 
-/// Whether containerd runs a task (the container's process) for container `id`.
-pub fn task_running(id: &str) -> Result<bool> {
+/// Containerd's task (the container's process) of container `id`: its pid and status
+/// (`RUNNING`, `STOPPED`, …), or `None` when it has none.
+pub fn task(id: &str) -> Result<Option<(u32, String)>> {
     let out = Command::new("ctr")
         .args([
             "--address",
@@ -675,10 +676,20 @@ pub fn task_running(id: &str) -> Result<bool> {
         bail!("ctr tasks ls failed");
     }
     // TASK PID STATUS
-    Ok(String::from_utf8_lossy(&out.stdout).lines().any(|line| {
-        let mut fields = line.split_whitespace();
-        fields.next() == Some(id) && fields.nth(1) == Some("RUNNING")
-    }))
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            match fields[..] {
+                [task, pid, status] if task == id => Some((pid.parse().ok()?, status.to_owned())),
+                _ => None,
+            }
+        }))
+}
+
+/// Whether containerd runs a task for container `id`.
+pub fn task_running(id: &str) -> Result<bool> {
+    Ok(task(id)?.is_some_and(|(_, status)| status == "RUNNING"))
 }
 
 /// The labels containerd keeps on container `id` (`io.kubernetes.pod.uid`, `…pod.name`, …).

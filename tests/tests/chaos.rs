@@ -1,0 +1,327 @@
+//! Chaos (issue 14 §2): the agent under faults, on the lab's containerd. Each case asserts that
+//! nothing is lost and nothing doubled: pods that ran before keep their container ids (none is
+//! re-created), every exit that happened is reported with its exit code, and nothing of a pod
+//! (containers, sandboxes, pod cgroups, pod directory) is left once it is gone. Run as root after
+//! `cargo xtask lab up`, one test at a time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use ringlet_tests::{
+    Agent, AgentOptions, CONTAINERD_SOCKET, busybox_pod, container_labels, container_status,
+    containers_of_node, http_get, lab_containerd, phase, require_lab, task, wait_for,
+};
+use serde_json::Value;
+
+/// Upper bound for the node to settle after the last fault (dozens of pods to start or adopt).
+const SETTLE: Duration = Duration::from_mins(2);
+/// Pods running before the faults start; they must come through untouched.
+const STEADY_PODS: usize = 10;
+
+/// The running container's id of a `/pods` entry's `main` container.
+fn running_id(pod: &Value) -> Option<String> {
+    let status = container_status(pod, "main")?;
+    status["state"]["running"].is_object().then(|| {
+        status["containerID"]
+            .as_str()
+            .unwrap_or_default()
+            .trim_start_matches("containerd://")
+            .to_owned()
+    })
+}
+
+fn restart_count(pod: &Value) -> u64 {
+    container_status(pod, "main").map_or(0, |c| c["restartCount"].as_u64().unwrap_or(0))
+}
+
+/// The `/pods` entries by their static pod name without the node suffix.
+fn pods_by_name(agent: &Agent) -> Result<BTreeMap<String, Value>> {
+    let suffix = format!("-{}", agent.node);
+    Ok(agent
+        .pods()?
+        .into_iter()
+        .filter_map(|pod| {
+            let name = pod["metadata"]["name"].as_str()?.strip_suffix(&suffix)?;
+            Some((name.to_owned(), pod))
+        })
+        .collect())
+}
+
+/// The node's containers (not sandboxes) in containerd, by pod name without the node suffix.
+fn containers_by_pod(node: &str) -> Result<BTreeMap<String, Vec<String>>> {
+    let suffix = format!("-{node}");
+    let mut by_pod: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for id in containers_of_node(node)? {
+        let labels = container_labels(&id)?;
+        if labels["io.cri-containerd.kind"] != "container" {
+            continue;
+        }
+        let pod = labels["io.kubernetes.pod.name"]
+            .as_str()
+            .unwrap_or_default();
+        let pod = pod.strip_suffix(&suffix).unwrap_or(pod).to_owned();
+        by_pod.entry(pod).or_default().push(id);
+    }
+    Ok(by_pod)
+}
+
+/// Writes `names` as busybox pods running `command` and waits until all of them run; returns
+/// their container ids.
+fn start_pods(
+    agent: &Agent,
+    names: &[String],
+    restart_policy: &str,
+    command: &str,
+) -> Result<BTreeMap<String, String>> {
+    for name in names {
+        agent.write_manifest(
+            &format!("{name}.yaml"),
+            &busybox_pod(name, restart_policy, command),
+        )?;
+    }
+    wait_for("the pods to run", SETTLE, || {
+        let pods = pods_by_name(agent).ok()?;
+        names
+            .iter()
+            .map(|name| Some((name.clone(), running_id(pods.get(name)?)?)))
+            .collect::<Option<BTreeMap<_, _>>>()
+    })
+}
+
+/// The directories below the v1 memory hierarchy's `kubepods` (three levels: `QoS`, pod, container)
+/// whose name contains `uid`.
+fn pod_cgroups_of(uid: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut pending = vec![(Path::new("/sys/fs/cgroup/memory/kubepods").to_path_buf(), 0)];
+    while let Some((dir, depth)) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten().filter(|e| e.path().is_dir()) {
+            if entry.file_name().to_string_lossy().contains(uid) {
+                found.push(entry.path().display().to_string());
+            } else if depth < 2 {
+                pending.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
+}
+
+/// Removes every manifest and checks that nothing of the pods with `uids` is left: containers,
+/// sandboxes, pod cgroups and pod directories.
+fn remove_all_and_check_nothing_is_left(agent: &Agent, uids: &BTreeSet<String>) -> Result<()> {
+    for entry in std::fs::read_dir(agent.manifests())? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    wait_for("every container and sandbox to be removed", SETTLE, || {
+        containers_of_node(&agent.node)
+            .ok()?
+            .is_empty()
+            .then_some(())
+    })?;
+    wait_for(
+        "every pod cgroup and pod directory to be removed",
+        SETTLE,
+        || {
+            uids.iter()
+                .all(|uid| {
+                    pod_cgroups_of(uid).is_empty()
+                        && !agent.root_dir().join("pods").join(uid).exists()
+                })
+                .then_some(())
+        },
+    )
+    .with_context(|| {
+        let left: Vec<String> = uids.iter().flat_map(|uid| pod_cgroups_of(uid)).collect();
+        format!("cgroups left: {left:?}")
+    })
+}
+
+/// The UIDs `/pods` shows now, added to `uids`.
+fn note_uids(agent: &Agent, uids: &mut BTreeSet<String>) {
+    for pod in agent.pods().unwrap_or_default() {
+        if let Some(uid) = pod["metadata"]["uid"].as_str() {
+            uids.insert(uid.to_owned());
+        }
+    }
+}
+
+#[test]
+fn the_agent_killed_twenty_times_while_pods_churn_loses_and_doubles_nothing() -> Result<()> {
+    const KILLS: usize = 20;
+    let test = "the_agent_killed_twenty_times_while_pods_churn_loses_and_doubles_nothing";
+    if !require_lab(test) {
+        return Ok(());
+    }
+    let seed = fastrand::u64(..);
+    println!("{test}: seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut agent = Agent::start("chaos-kill", AgentOptions::default())?;
+    let steady_names: Vec<String> = (0..STEADY_PODS).map(|i| format!("steady-{i}")).collect();
+    let steady = start_pods(&agent, &steady_names, "Always", "exec sleep 3600")?;
+    let mut uids = BTreeSet::new();
+    note_uids(&agent, &mut uids);
+
+    let (mut churning, mut removed, mut crashing) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..KILLS {
+        let name = format!("churn-{round}");
+        agent.write_manifest(
+            &format!("{name}.yaml"),
+            &busybox_pod(&name, "Always", "exec sleep 3600"),
+        )?;
+        churning.push(name);
+        if round % 2 == 1 {
+            let gone = churning.remove(0);
+            agent.remove_manifest(&format!("{gone}.yaml"))?;
+            removed.push(gone);
+        }
+        if round % 4 == 0 {
+            let name = format!("crash-{round}");
+            agent.write_manifest(
+                &format!("{name}.yaml"),
+                &busybox_pod(&name, "Never", "sleep 1; exit 3"),
+            )?;
+            crashing.push(name);
+        }
+        // The kill lands at a random point of whatever the agent is doing with the changes.
+        std::thread::sleep(Duration::from_millis(rng.u64(0..1_500)));
+        note_uids(&agent, &mut uids);
+        agent.restart()?;
+    }
+
+    let settled = wait_for("the node to settle after the last kill", SETTLE, || {
+        let pods = pods_by_name(&agent).ok()?;
+        let steady_ok = steady.keys().all(|name| {
+            pods.get(name)
+                .is_some_and(|p| running_id(p).is_some() && restart_count(p) == 0)
+        });
+        let churning_ok = churning
+            .iter()
+            .all(|name| pods.get(name).and_then(running_id).is_some());
+        let crashed_ok = crashing.iter().all(|name| {
+            pods.get(name).is_some_and(|p| {
+                phase(p) == "Failed"
+                    && container_status(p, "main")
+                        .is_some_and(|c| c["state"]["terminated"]["exitCode"] == 3)
+            })
+        });
+        let removed_ok = removed.iter().all(|name| !pods.contains_key(name));
+        (steady_ok && churning_ok && crashed_ok && removed_ok).then_some(pods)
+    })
+    .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))?;
+    note_uids(&agent, &mut uids);
+
+    for (name, id) in &steady {
+        assert_eq!(
+            running_id(&settled[name]).as_deref(),
+            Some(id.as_str()),
+            "{name} runs the container it ran before the kills"
+        );
+    }
+    for name in &crashing {
+        assert_eq!(restart_count(&settled[name]), 0, "{name} never ran twice");
+    }
+    let containers = wait_for("the removed pods' containers to go", SETTLE, || {
+        let containers = containers_by_pod(&agent.node).ok()?;
+        removed
+            .iter()
+            .all(|name| !containers.contains_key(name))
+            .then_some(containers)
+    })?;
+    for name in steady.keys() {
+        assert_eq!(
+            containers.get(name).map(Vec::len),
+            Some(1),
+            "{name}: one container, none re-created"
+        );
+    }
+    remove_all_and_check_nothing_is_left(&agent, &uids)
+}
+
+#[test]
+fn containerd_stopped_for_twenty_seconds_under_the_agent_loses_and_doubles_nothing() -> Result<()> {
+    let test = "containerd_stopped_for_twenty_seconds_under_the_agent_loses_and_doubles_nothing";
+    if !require_lab(test) {
+        return Ok(());
+    }
+    let agent = Agent::start("chaos-containerd", AgentOptions::default())?;
+    let names: Vec<String> = (0..5).map(|i| format!("steady-{i}")).collect();
+    let steady = start_pods(&agent, &names, "Always", "exec sleep 3600")?;
+    let victim = start_pods(&agent, &["victim".to_owned()], "Always", "exec sleep 3600")?;
+    let mut uids = BTreeSet::new();
+    note_uids(&agent, &mut uids);
+    let (victim_pid, _) = task(&victim["victim"])?.context("the victim has no task")?;
+
+    let containerd = lab_containerd();
+    let command_line = containerd
+        .command_line()?
+        .context("the lab's containerd is not running")?;
+    containerd.stop(Duration::from_secs(15))?;
+    // While containerd is away the victim's process dies: only the kernel sees it.
+    let killed = ringlet_tests::daemon::signal(victim_pid, libc::SIGKILL);
+    // The fault is containerd missing for a while; the agent must ride it out.
+    std::thread::sleep(Duration::from_secs(20));
+    let answered_meanwhile = http_get(agent.healthz_port, "/healthz");
+    // Started again whatever happened, so a failure here does not leave the lab broken.
+    containerd.start(
+        Path::new(&command_line[0]),
+        &command_line[1..],
+        || {
+            Command::new("ctr")
+                .args(["--address", CONTAINERD_SOCKET, "version"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        },
+        Duration::from_secs(30),
+    )?;
+    if !killed {
+        bail!("could not kill the victim's process {victim_pid}");
+    }
+    answered_meanwhile.context("the agent stopped answering /healthz while containerd was down")?;
+
+    let settled = wait_for(
+        "the node to settle after containerd is back",
+        SETTLE,
+        || {
+            let pods = pods_by_name(&agent).ok()?;
+            let steady_ok = steady
+                .keys()
+                .all(|name| pods.get(name).and_then(running_id).is_some());
+            let victim_ok = pods
+                .get("victim")
+                .is_some_and(|p| running_id(p).is_some() && restart_count(p) >= 1);
+            (steady_ok && victim_ok).then_some(pods)
+        },
+    )
+    .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))?;
+    for (name, id) in &steady {
+        assert_eq!(
+            running_id(&settled[name]).as_deref(),
+            Some(id.as_str()),
+            "{name} kept its container"
+        );
+        assert_eq!(restart_count(&settled[name]), 0, "{name} never restarted");
+    }
+    let victim_status = container_status(&settled["victim"], "main").context("no victim status")?;
+    assert_eq!(
+        victim_status["restartCount"], 1,
+        "the victim died once: {victim_status}"
+    );
+    assert_eq!(
+        victim_status["lastState"]["terminated"]["exitCode"], 137,
+        "the exit is reported with its code: {victim_status}"
+    );
+    wait_for("the agent to turn healthy again", SETTLE, || {
+        let (code, body) = http_get(agent.healthz_port, "/healthz").ok()?;
+        (code == 200 && body == "ok").then_some(())
+    })?;
+    let by_pod = containers_by_pod(&agent.node)?;
+    for name in steady.keys() {
+        assert_eq!(by_pod.get(name).map(Vec::len), Some(1), "{name}");
+    }
+    remove_all_and_check_nothing_is_left(&agent, &uids)
+}
