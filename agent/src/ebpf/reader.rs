@@ -6,7 +6,8 @@
 //! eventfd, so no task on the agent's runtimes can delay it and an idle reader costs nothing: it
 //! wakes when the kernel writes events, when the PLEG asks it to check for lost events (at every
 //! full relist), when the hint channel has room for a resync it owes, and to stop. It reads the
-//! kernel's drop counter on every wake-up.
+//! kernel's drop counter on every wake-up. The cgroup map's tree walks (the first scan, rescans
+//! for unknown ids, prunes) run here too, never on the agent's async core.
 
 use std::future::Future;
 use std::io;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use ringlet_ebpf::RawEvent;
@@ -29,6 +31,10 @@ use crate::pleg::{Hint, HintKind, HintSourceCheck, PodHint};
 
 /// The reader thread's name (`comm` shows its first 15 bytes, `ringlet-ebpf-re`).
 const THREAD_NAME: &str = "ringlet-ebpf-reader";
+
+/// How often at most the cgroup map is pruned of cgroups that are gone. An idle reader is woken at
+/// every full relist (the safety relist, 60 s by default), so that is how often an idle node prunes.
+const PRUNE_INTERVAL: Duration = Duration::from_mins(1);
 
 /// The hint one kernel event means, or `None` when it concerns no pod cgroup (or, for cgroup
 /// events, a cgroup that is not a container's own). Updates `owners` from mkdir/rmdir events.
@@ -165,6 +171,7 @@ struct Running {
     room_waker: Waker,
     drops_seen: u64,
     resync: Option<OwedResync>,
+    last_prune: Instant,
 }
 
 impl Running {
@@ -182,10 +189,13 @@ impl Running {
             room_waker: Waker::from(Arc::new(RoomWaker(wake))),
             drops_seen,
             resync: None,
+            last_prune: Instant::now(),
         }
     }
 
     fn run(mut self) {
+        // Events that come meanwhile wait in the ring buffer; ids they name resolve by rescans.
+        self.reader.owners.scan();
         loop {
             if let Err(error) = self.wait() {
                 tracing::error!(%error, "polling the BPF ring buffer; the eBPF hint source stops");
@@ -199,6 +209,7 @@ impl Running {
             if self.handle(&events).is_err() || self.check_drops().is_err() {
                 return;
             }
+            self.prune_if_due();
         }
     }
 
@@ -241,6 +252,21 @@ impl Running {
             }
         }
         Ok(())
+    }
+
+    fn prune_if_due(&mut self) {
+        if self.last_prune.elapsed() < PRUNE_INTERVAL {
+            return;
+        }
+        self.last_prune = Instant::now();
+        let forgotten = self.reader.owners.prune();
+        if forgotten > 0 {
+            tracing::debug!(
+                forgotten,
+                known = self.reader.owners.len(),
+                "forgot cgroups that are gone from the cgroup map"
+            );
+        }
     }
 
     fn check_drops(&mut self) -> Result<(), Closed> {
