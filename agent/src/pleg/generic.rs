@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt as _;
+use std::panic::AssertUnwindSafe;
+
+use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::time::Instant;
@@ -34,6 +36,7 @@ use crate::container::{
 };
 use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::{HintLabel, Metrics, RelistType};
+use crate::supervise::{RestartBackoff, panic_message};
 
 /// How many init pids the PLEG reads from the runtime at once.
 const INIT_PID_READS: usize = 8;
@@ -150,8 +153,48 @@ impl GenericPleg {
 
     /// Relists everything at once and then `relist_period` after each full relist finished; in
     /// ebpf mode runs targeted relists for hints in between. Returns when the event receiver is
-    /// dropped.
+    /// dropped. A panic in the loop does not end it: it is logged, the PLEG reports unhealthy until
+    /// a full relist completes again, and after a back-off the loop restarts from a full relist
+    /// that reads every pod, with the hint queue and the kernel's exits dropped (the state the
+    /// panic left is not trusted; the channels are kept, so nothing upstream or downstream sees it).
     pub async fn run(mut self) {
+        let mut backoff = RestartBackoff::default();
+        loop {
+            let started = Instant::now();
+            let Err(payload) = AssertUnwindSafe(self.run_loop()).catch_unwind().await else {
+                return;
+            };
+            let message = panic_message(&*payload);
+            self.shared.record_panic(&message);
+            self.metrics.inc_pleg_panics();
+            let wait = backoff.after_panic(started.elapsed());
+            tracing::error!(panic = %message, restart_in = ?wait,
+                "the pleg loop panicked; restarting it from a full relist");
+            self.restart_state();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.events.closed() => return,
+            }
+        }
+    }
+
+    /// Drops what a panicked loop may have left half-done; the records stay (a full relist
+    /// refreshes every one and diffs against the last listing, so only real changes are events).
+    fn restart_state(&mut self) {
+        for record in self.records.values_mut() {
+            record.current = None;
+        }
+        self.queue = HintQueue::default();
+        self.kernel_exits = KernelExits::default();
+        self.metrics
+            .set_kernel_exits_pending(self.kernel_exits.pending());
+        self.reinspect.clear();
+        // Reads every pod's status, as the first relist does.
+        self.first_relist_done = false;
+        self.full_relist_requested = true;
+    }
+
+    async fn run_loop(&mut self) {
         let mut next_full = Instant::now();
         loop {
             self.take_available_hints();
@@ -497,6 +540,7 @@ impl GenericPleg {
         self.cache.update_time(start);
         self.reinspect = needs_reinspection;
         self.first_relist_done = true;
+        self.shared.clear_panic();
         self.shared
             .set_running_pods(self.records.values().filter_map(|r| r.old.as_ref()));
         self.update_running_metrics();

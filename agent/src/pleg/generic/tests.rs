@@ -21,6 +21,8 @@ struct FakeRuntime {
     pods: Mutex<Vec<RunningPod>>,
     fail_list: Mutex<bool>,
     fail_status: Mutex<HashSet<PodUid>>,
+    /// Pods whose next `get_pod_status` panics (a bug somewhere below the PLEG).
+    panic_status: Mutex<HashSet<PodUid>>,
     status_calls: Mutex<Vec<PodUid>>,
     /// Pods read by uid alone (`get_pod_status_by_uid`), in order.
     uid_status_calls: Mutex<Vec<PodUid>>,
@@ -147,6 +149,9 @@ impl Runtime for FakeRuntime {
         if self.fail_status.lock().unwrap().contains(uid) {
             return Err(RuntimeError::Other("status failed".to_owned()));
         }
+        // The guard is gone before the panic, so the fake's mutexes are not poisoned.
+        let panics = self.panic_status.lock().unwrap().remove(uid);
+        assert!(!panics, "injected panic reading {uid}");
         let pod = self.read(uid);
         Ok(self.status_of(uid, name, namespace, pod.as_ref()))
     }
@@ -1082,6 +1087,53 @@ async fn a_failed_read_of_a_pod_not_listed_yet_waits_for_the_next_full_relist() 
         drain(&mut t.events),
         vec![event("new", ContainerStarted, "sb-new")]
     );
+}
+
+/// Issue 14 §1.7: a panic in the PLEG loop used to end its task without a trace: no more events, and
+/// `/healthz` only noticed three minutes later.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_loop_is_reported_unhealthy_and_the_loop_restarts() {
+    let mut t = start_ebpf(running_p()).await;
+    t.runtime
+        .panic_status
+        .lock()
+        .unwrap()
+        .insert(PodUid::from("p"));
+    t.hints.send(died("p", "c1")).await.unwrap();
+    settle().await;
+    let unhealthy = t.handle.healthy().unwrap_err();
+    assert!(
+        unhealthy.contains("pleg loop panicked") && unhealthy.contains("injected panic reading p"),
+        "{unhealthy}"
+    );
+    assert_eq!(t.handle.panics(), 1);
+    assert_eq!(metric(&t.metrics, "ringlet_pleg_panics_total"), 1.0);
+    assert_eq!(
+        t.runtime.take_list_calls(),
+        0,
+        "backing off before the restart"
+    );
+
+    t.runtime.set_pods(exited_p());
+    tokio::time::advance(crate::supervise::RESTART_BACKOFF_INITIAL).await;
+    settle().await;
+    assert_eq!(
+        t.runtime.take_list_calls(),
+        1,
+        "restarted from a full relist"
+    );
+    assert!(t.handle.healthy().is_ok(), "{:?}", t.handle.healthy());
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerDied, "c1")],
+        "the change the panic interrupted, once"
+    );
+
+    // The restarted loop still takes requests.
+    t.runtime.take_status_calls();
+    assert!(t.refresh.request(&PodUid::from("p")));
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("p")]);
 }
 
 #[tokio::test(start_paused = true)]
