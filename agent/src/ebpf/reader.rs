@@ -508,4 +508,109 @@ mod tests {
             Some(None)
         );
     }
+
+    /// Issue 14 §3: no record off the ring buffer panics the decoder, whatever its bytes. A fixed
+    /// number of cases, so it runs in every `cargo test`.
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Path components the decoder gives meaning to, mixed with arbitrary text.
+        fn component() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("kubepods".to_owned()),
+                Just("kubepods.slice".to_owned()),
+                Just("besteffort".to_owned()),
+                Just(format!("pod{UID}")),
+                Just(format!(
+                    "kubepods-besteffort-pod{}.slice",
+                    UID.replace('-', "_")
+                )),
+                Just(ID.to_owned()),
+                Just(format!("cri-containerd-{ID}.scope")),
+                Just("-pod.slice".to_owned()),
+                Just(".scope".to_owned()),
+                "pod[0-9a-f_-]{0,70}",
+                "[0-9a-f]{0,130}(\\.scope)?",
+                "\\PC{0,24}",
+            ]
+        }
+
+        fn path() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(component(), 0..8).prop_map(|c| c.join("/").into_bytes()),
+                prop::collection::vec(any::<u8>(), 0..ringlet_ebpf::PATH_LEN + 8),
+            ]
+        }
+
+        fn raw_event() -> impl Strategy<Value = RawEvent> {
+            (
+                prop_oneof![1_u32..=5, any::<u32>()],
+                any::<u32>(),
+                // Few ids, so mkdir, exec, exit and rmdir of one cgroup meet.
+                prop_oneof![0_u64..6, any::<u64>()],
+                any::<u64>(),
+                any::<u32>(),
+                path(),
+            )
+                .prop_map(|(kind, tgid, cgroup_id, ktime_ns, exit_status, path)| {
+                    let mut raw = [0; ringlet_ebpf::PATH_LEN];
+                    let len = path.len().min(raw.len());
+                    raw[..len].copy_from_slice(&path[..len]);
+                    RawEvent {
+                        kind,
+                        tgid,
+                        cgroup_id,
+                        ktime_ns,
+                        pid: tgid,
+                        exit_status,
+                        path: raw,
+                    }
+                })
+        }
+
+        fn config() -> ProptestConfig {
+            ProptestConfig {
+                cases: 512,
+                // A finding becomes a named regression test next to these, not a file.
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            #[test]
+            fn no_bytes_panic_the_record_reader_or_the_decoder(
+                bytes in prop::collection::vec(any::<u8>(), 0..RawEvent::SIZE * 2),
+            ) {
+                let mut owners = owners();
+                match RawEvent::from_bytes(&bytes) {
+                    Some(event) => {
+                        prop_assert!(bytes.len() >= RawEvent::SIZE);
+                        let _ = decode(&event, &mut owners);
+                    }
+                    None => prop_assert!(bytes.len() < RawEvent::SIZE),
+                }
+            }
+
+            #[test]
+            fn no_sequence_of_events_panics_the_decoder(
+                events in prop::collection::vec(raw_event(), 1..24),
+            ) {
+                let mut owners = owners();
+                for event in &events {
+                    if let Some(hint) = decode(event, &mut owners) {
+                        // What comes out is what the PLEG relies on.
+                        prop_assert!(hint.exit_code.is_none_or(|c| (0..=255).contains(&c)));
+                        prop_assert!(hint.signal.is_none_or(|s| (1..=127).contains(&s)));
+                        prop_assert_eq!(hint.tgid.is_some(), event.tgid != 0);
+                        prop_assert_eq!(hint.kernel_time_ns, event.ktime_ns);
+                    }
+                }
+            }
+        }
+    }
 }
