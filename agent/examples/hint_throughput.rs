@@ -199,7 +199,6 @@ async fn measure(args: Arc<Args>) -> Result<serde_json::Value> {
                 last_hint = Instant::now();
             }
             Ok(Some(Hint::Resync { .. })) => resyncs += 1,
-            Ok(Some(Hint::Refresh { .. })) => bail!("nothing but the eBPF reader sends here"),
             Ok(None) => bail!("the eBPF reader stopped"),
             Err(_) => {}
         }

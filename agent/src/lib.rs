@@ -28,5 +28,6 @@ pub mod prober;
 pub mod server;
 pub mod stats;
 pub mod status;
+pub mod supervise;
 pub mod token;
 pub mod volumes;

@@ -108,6 +108,8 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     create_pods_dir(&config)?;
     let api_client = connect_api_server(&config).await?;
     let recorder = event_recorder(&config, api_client.as_ref())?;
+    // Kept to write out the event log's last lines at shutdown.
+    let event_log = recorder.clone();
     let pod_cgroups =
         Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
     let (published_node, node) = watch::channel(None);
@@ -197,6 +199,8 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         }
     }
     drop(ebpf_handle);
+    // Blocks for the last batch of `events.log`; nothing is left running on the core to delay.
+    event_log.flush_log();
     Ok(ExitCode::SUCCESS)
 }
 

@@ -365,6 +365,49 @@ async fn a_second_sync_with_the_same_status_changes_nothing() {
     assert_eq!(setup.fake.sandboxes().len(), 1);
 }
 
+/// Issue 14 §1.4: the PLEG reads a pod it has not listed yet by its uid alone, one pod's worth of
+/// CRI calls, with the name and namespace from the runtime's labels.
+#[tokio::test]
+async fn a_pod_is_read_by_its_uid_alone() {
+    let setup = Setup::new();
+    let pod = simple_pod("by-uid", "Always", &["a", "b"]);
+    let other = simple_pod("other", "Always", &["c"]);
+    setup.sync_ok(&pod).await;
+    setup.sync_ok(&other).await;
+
+    setup.fake.clear_calls();
+    let status = setup
+        .manager
+        .get_pod_status_by_uid(&uid(&pod))
+        .await
+        .unwrap_or_else(|e| panic!("reading the pod by uid: {e}"))
+        .unwrap_or_else(|| panic!("the runtime has the pod"));
+    assert_eq!(status.name, "by-uid");
+    assert_eq!(status.namespace, NAMESPACE);
+    assert_eq!(status.sandboxes.len(), 1);
+    let mut names: Vec<&str> = status.containers.iter().map(|c| c.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a", "b"], "only the pod's own containers");
+    assert_eq!(
+        setup.fake.call_count("ContainerStatus"),
+        2,
+        "no other pod's container is read: {:?}",
+        setup.fake.calls()
+    );
+    assert_eq!(
+        status,
+        setup.status(&pod).await,
+        "the same as a read by name"
+    );
+
+    let none = setup
+        .manager
+        .get_pod_status_by_uid(&PodUid::from("uid-no-such-pod"))
+        .await
+        .unwrap_or_else(|e| panic!("reading an absent pod by uid: {e}"));
+    assert_eq!(none, None);
+}
+
 #[tokio::test]
 async fn restart_policy_never_leaves_exited_containers_alone() {
     let setup = Setup::new();

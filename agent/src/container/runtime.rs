@@ -289,6 +289,12 @@ pub trait Runtime: Send + Sync + 'static {
         namespace: &str,
     ) -> Result<PodStatus, RuntimeError>;
 
+    /// Full status of one pod known only by its uid (a kernel hint names a pod the caller has not
+    /// listed yet): found by the pod-uid label, so it costs what `get_pod_status` does, not a
+    /// listing of every pod. The name and namespace come from the runtime's labels; `None` when the
+    /// runtime has no sandbox or container of the pod.
+    async fn get_pod_status_by_uid(&self, uid: &PodUid) -> Result<Option<PodStatus>, RuntimeError>;
+
     /// The pid (initial pid namespace) of a container's init as the runtime reports it (CRI
     /// verbose `ContainerStatus`); `None` when the runtime does not say.
     async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {

@@ -12,7 +12,7 @@ use super::{EbpfError, EbpfHandle, EbpfOptions};
 use crate::apis::config::PlegModeSetting;
 use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
-use crate::pleg::HintChannel;
+use crate::pleg::{HintChannel, PlegHints};
 
 /// Hints buffered between the ring-buffer reader and the PLEG; past this the reader asks for a
 /// full relist instead of blocking.
@@ -52,7 +52,8 @@ pub fn start_hint_source(
         return unavailable(EbpfError::NoCgroup2Mount);
     };
     let (sender, hints) = mpsc::channel(HINT_CHANNEL_CAPACITY);
-    let refresh = sender.downgrade();
+    let hints = PlegHints::new(hints);
+    let refresh = hints.refreshes.requester();
     let options = EbpfOptions {
         ring_buffer_bytes,
         ..EbpfOptions::new(pods_cgroup)

@@ -354,8 +354,8 @@ pub fn start(
         PerCpuArray::try_from(drops_map).map_err(|e| map_error(ringlet_ebpf::DROPS_MAP, e))?,
     );
 
-    let mut owners = CgroupOwners::new(pods.to_path_buf());
-    owners.scan();
+    // The reader thread scans the tree first thing, off the caller's (async) thread.
+    let owners = CgroupOwners::new(pods.to_path_buf());
     let counters = Arc::new(Counters::default());
     let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|errno| {
         EbpfError::Reader {
@@ -556,27 +556,55 @@ fn statfs_type(path: &Path) -> io::Result<i64> {
     Ok(i64::from(stat.f_type))
 }
 
+/// How often taking the pin directory is tried when it keeps being removed under the lock.
+const PIN_LOCK_ATTEMPTS: usize = 3;
+
 /// Takes the pin directory for this agent: an exclusive `flock` on the directory, held until the
 /// handle drops, so a second agent on the machine cannot remove the first one's pins as stale.
+/// An agent that stops removes the directory while still holding its lock, so a lock taken on a
+/// directory opened just before that removal locks nothing anyone else looks at (the next agent
+/// creates and locks a new directory); the lock counts only when the path still names the locked
+/// directory, and is taken again otherwise.
 fn lock_pin_dir(pin_dir: &Path) -> Result<Flock<File>, EbpfError> {
-    std::fs::create_dir_all(pin_dir)
-        .map_err(|source| io_error("creating the pin directory", pin_dir, source))?;
-    let dir = File::open(pin_dir)
-        .map_err(|source| io_error("opening the pin directory", pin_dir, source))?;
-    let inode = dir.metadata().map(|m| m.ino()).ok();
-    Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
-        if errno == nix::errno::Errno::EWOULDBLOCK {
-            EbpfError::PinsInUse {
-                path: pin_dir.to_path_buf(),
-                holder: inode
-                    .and_then(lock_holder)
-                    .map(|pid| format!(" (pid {pid})"))
-                    .unwrap_or_default(),
+    for _ in 0..PIN_LOCK_ATTEMPTS {
+        std::fs::create_dir_all(pin_dir)
+            .map_err(|source| io_error("creating the pin directory", pin_dir, source))?;
+        let dir = File::open(pin_dir)
+            .map_err(|source| io_error("opening the pin directory", pin_dir, source))?;
+        let inode = dir.metadata().map(|m| m.ino()).ok();
+        let locked = Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+            if errno == nix::errno::Errno::EWOULDBLOCK {
+                EbpfError::PinsInUse {
+                    path: pin_dir.to_path_buf(),
+                    holder: inode
+                        .and_then(lock_holder)
+                        .map(|pid| format!(" (pid {pid})"))
+                        .unwrap_or_default(),
+                }
+            } else {
+                io_error("locking the pin directory", pin_dir, errno.into())
             }
-        } else {
-            io_error("locking the pin directory", pin_dir, errno.into())
+        })?;
+        if names_same_file(pin_dir, &locked) {
+            return Ok(locked);
         }
-    })
+        tracing::debug!(path = %pin_dir.display(), "the pin directory was removed while being locked; locking it again");
+    }
+    Err(io_error(
+        "locking the pin directory",
+        pin_dir,
+        io::Error::other(format!(
+            "it was removed and re-created under the lock {PIN_LOCK_ATTEMPTS} times in a row"
+        )),
+    ))
+}
+
+/// Whether `path` still names the open `file` (same device and inode).
+fn names_same_file(path: &Path, file: &File) -> bool {
+    match (std::fs::metadata(path), file.metadata()) {
+        (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
+        _ => false,
+    }
 }
 
 /// The pid holding a `flock` on the file with `inode`, from `/proc/locks`.
@@ -695,6 +723,49 @@ mod tests {
         // cgroup v1 hierarchies do not count.
         assert_eq!(level("/sys/fs/cgroup/memory/kubepods"), None);
         assert_eq!(level("/tmp"), None);
+    }
+
+    /// The pin-directory lock needs no BPF: a plain directory shows it. (The privileged tests
+    /// `agent/tests/ebpf_kernel.rs::a_second_agent_on_live_pins_is_refused_naming_the_holder` and
+    /// `tests/tests/ebpf_pleg.rs::a_second_agent_leaves_the_first_ones_pins_alone` show it on live
+    /// pins.)
+    #[test]
+    fn a_second_lock_on_the_pin_directory_is_refused_naming_the_holder() {
+        let root = tempfile::tempdir().unwrap();
+        let pin_dir = root.path().join("ringlet");
+        let held = lock_pin_dir(&pin_dir).unwrap();
+        match lock_pin_dir(&pin_dir) {
+            Err(EbpfError::PinsInUse { path, holder }) => {
+                assert_eq!(path, pin_dir);
+                assert_eq!(holder, format!(" (pid {})", std::process::id()));
+            }
+            other => panic!("expected PinsInUse, got {other:?}"),
+        }
+        drop(held);
+        assert!(
+            lock_pin_dir(&pin_dir).is_ok(),
+            "free once the holder is gone"
+        );
+    }
+
+    #[test]
+    fn a_lock_on_a_removed_pin_directory_locks_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let pin_dir = root.path().join("ringlet");
+        std::fs::create_dir(&pin_dir).unwrap();
+        // An agent opened the directory just before the agent stopping removed it...
+        let opened = File::open(&pin_dir).unwrap();
+        std::fs::remove_dir(&pin_dir).unwrap();
+        // ...and the next agent made a new one.
+        std::fs::create_dir(&pin_dir).unwrap();
+        let stale = Flock::lock(opened, FlockArg::LockExclusiveNonblock).unwrap();
+        assert!(
+            !names_same_file(&pin_dir, &stale),
+            "locking the removed directory must not count"
+        );
+        let live = lock_pin_dir(&pin_dir).unwrap();
+        assert!(names_same_file(&pin_dir, &live));
+        drop(stale);
     }
 
     #[test]

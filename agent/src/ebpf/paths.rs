@@ -1,6 +1,8 @@
 //! Which pod and container a cgroup belongs to, read from its path (the kubelet's
 //! `pkg/kubelet/cm` naming, for both cgroup drivers), and the cgroup id → owner map the ring-buffer
-//! reader resolves exec/exit/OOM events with (those carry only the cgroup id).
+//! reader resolves exec/exit/OOM events with (those carry only the cgroup id). The map lives on the
+//! reader's own thread, so its tree walks never run on the agent's async core; entries whose rmdir
+//! event was lost are pruned by [`CgroupOwners::prune`].
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt as _;
@@ -77,6 +79,9 @@ pub struct CgroupOwners {
     root: PathBuf,
     owners: HashMap<u64, CgroupOwner>,
     unknown: HashSet<u64>,
+    /// Ids the last prune found no directory for; removed if the next prune does not find one
+    /// either.
+    missing: HashSet<u64>,
     scans: u64,
 }
 
@@ -87,6 +92,7 @@ impl CgroupOwners {
             root,
             owners: HashMap::new(),
             unknown: HashSet::new(),
+            missing: HashSet::new(),
             scans: 0,
         }
     }
@@ -124,10 +130,53 @@ impl CgroupOwners {
         self.scans
     }
 
+    /// How many cgroups the map knows.
+    pub fn len(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Whether the map knows no cgroup.
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
     /// Adds every pod/container cgroup below the root. Unreadable directories are skipped: they
     /// are cgroups being removed while the scan runs.
     pub fn scan(&mut self) {
+        let found = self.walk();
+        self.owners.extend(found);
+    }
+
+    /// Rescans the tree and forgets the cgroups that are gone: those whose rmdir event was lost
+    /// (a full ring buffer) would otherwise stay for the agent's life. A cgroup missing from the
+    /// tree is forgotten only when the previous prune missed it too, so events still on their way
+    /// about a cgroup just removed (a container's exit comes right before its cgroup goes) resolve.
+    /// Call it well apart (the reader does, at most once a minute). Returns how many it forgot.
+    pub fn prune(&mut self) -> usize {
+        let found = self.walk();
+        let gone: HashSet<u64> = self
+            .owners
+            .keys()
+            .filter(|id| !found.contains_key(id))
+            .copied()
+            .collect();
+        let before = self.owners.len();
+        self.owners
+            .retain(|id, _| !(gone.contains(id) && self.missing.contains(id)));
+        let forgotten = before - self.owners.len();
+        self.missing = gone
+            .into_iter()
+            .filter(|id| self.owners.contains_key(id))
+            .collect();
+        self.owners.extend(found);
+        // Ids are never reused, so what was unresolvable stays so; the set is bounded anyway.
+        forgotten
+    }
+
+    /// Every pod/container cgroup below the root, by id.
+    fn walk(&mut self) -> HashMap<u64, CgroupOwner> {
         self.scans += 1;
+        let mut found = HashMap::new();
         let mut pending = vec![(self.root.clone(), 0_usize)];
         while let Some((dir, depth)) = pending.pop() {
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -142,13 +191,14 @@ impl CgroupOwners {
                     entry.metadata(),
                     relative(&self.root, &path).and_then(|p| parse_cgroup_path(&p)),
                 ) {
-                    self.owners.insert(metadata.ino(), owner);
+                    found.insert(metadata.ino(), owner);
                 }
                 if depth + 1 < MAX_SCAN_DEPTH {
                     pending.push((path, depth + 1));
                 }
             }
         }
+        found
     }
 }
 
@@ -263,5 +313,56 @@ mod tests {
         owners.insert(1, owner(None, false).unwrap());
         assert_eq!(owners.resolve(1), owner(None, false));
         assert_eq!(owners.remove(ino), owner(Some(ID), true));
+    }
+
+    /// Issue 14 §1.7: an entry whose rmdir event was lost used to stay for the agent's life.
+    #[test]
+    fn prunes_forget_cgroups_gone_for_two_prunes_in_a_row() {
+        let root = tempfile::tempdir().unwrap();
+        let pod = root.path().join("besteffort").join(format!("pod{UID}"));
+        let kept = pod.join(ID);
+        let other = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+        let removed = pod.join(other);
+        std::fs::create_dir_all(&kept).unwrap();
+        std::fs::create_dir_all(&removed).unwrap();
+        let kept_ino = std::fs::metadata(&kept).unwrap().ino();
+        let removed_ino = std::fs::metadata(&removed).unwrap().ino();
+        let mut owners = CgroupOwners::new(root.path().to_path_buf());
+        owners.scan();
+        assert_eq!(owners.len(), 3, "the pod and its two containers");
+        // The rmdir event never came (the ring buffer was full).
+        std::fs::remove_dir(&removed).unwrap();
+        // A mkdir event's entry for a cgroup that is already gone again.
+        owners.insert(7, owner(Some(other), true).unwrap());
+
+        assert_eq!(owners.prune(), 0, "the first prune only marks what is gone");
+        assert_eq!(
+            owners.resolve(removed_ino),
+            owner(Some(other), true),
+            "an event still on its way about the removed cgroup resolves"
+        );
+        assert_eq!(owners.prune(), 2);
+        assert_eq!(owners.len(), 2);
+        assert_eq!(owners.resolve(kept_ino), owner(Some(ID), true));
+        assert_eq!(owners.resolve(removed_ino), None);
+        assert_eq!(owners.resolve(7), None);
+    }
+
+    #[test]
+    fn an_entry_never_in_the_tree_goes_at_the_second_prune_and_new_cgroups_come() {
+        let root = tempfile::tempdir().unwrap();
+        let container = root.path().join(format!("pod{UID}")).join(ID);
+        let mut owners = CgroupOwners::new(root.path().to_path_buf());
+        owners.insert(9, owner(Some(ID), true).unwrap());
+        assert_eq!(owners.prune(), 0);
+        std::fs::create_dir_all(&container).unwrap();
+        let ino = std::fs::metadata(&container).unwrap().ino();
+        assert_eq!(
+            owners.prune(),
+            1,
+            "id 9 was gone twice; the new cgroup is another id"
+        );
+        assert_eq!(owners.prune(), 0);
+        assert_eq!(owners.resolve(ino), owner(Some(ID), true));
     }
 }

@@ -6,7 +6,8 @@
 //! eventfd, so no task on the agent's runtimes can delay it and an idle reader costs nothing: it
 //! wakes when the kernel writes events, when the PLEG asks it to check for lost events (at every
 //! full relist), when the hint channel has room for a resync it owes, and to stop. It reads the
-//! kernel's drop counter on every wake-up.
+//! kernel's drop counter on every wake-up. The cgroup map's tree walks (the first scan, rescans
+//! for unknown ids, prunes) run here too, never on the agent's async core.
 
 use std::future::Future;
 use std::io;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use ringlet_ebpf::RawEvent;
@@ -29,6 +31,10 @@ use crate::pleg::{Hint, HintKind, HintSourceCheck, PodHint};
 
 /// The reader thread's name (`comm` shows its first 15 bytes, `ringlet-ebpf-re`).
 const THREAD_NAME: &str = "ringlet-ebpf-reader";
+
+/// How often at most the cgroup map is pruned of cgroups that are gone. An idle reader is woken at
+/// every full relist (the safety relist, 60 s by default), so that is how often an idle node prunes.
+const PRUNE_INTERVAL: Duration = Duration::from_mins(1);
 
 /// The hint one kernel event means, or `None` when it concerns no pod cgroup (or, for cgroup
 /// events, a cgroup that is not a container's own). Updates `owners` from mkdir/rmdir events.
@@ -165,6 +171,7 @@ struct Running {
     room_waker: Waker,
     drops_seen: u64,
     resync: Option<OwedResync>,
+    last_prune: Instant,
 }
 
 impl Running {
@@ -182,10 +189,13 @@ impl Running {
             room_waker: Waker::from(Arc::new(RoomWaker(wake))),
             drops_seen,
             resync: None,
+            last_prune: Instant::now(),
         }
     }
 
     fn run(mut self) {
+        // Events that come meanwhile wait in the ring buffer; ids they name resolve by rescans.
+        self.reader.owners.scan();
         loop {
             if let Err(error) = self.wait() {
                 tracing::error!(%error, "polling the BPF ring buffer; the eBPF hint source stops");
@@ -199,6 +209,7 @@ impl Running {
             if self.handle(&events).is_err() || self.check_drops().is_err() {
                 return;
             }
+            self.prune_if_due();
         }
     }
 
@@ -241,6 +252,21 @@ impl Running {
             }
         }
         Ok(())
+    }
+
+    fn prune_if_due(&mut self) {
+        if self.last_prune.elapsed() < PRUNE_INTERVAL {
+            return;
+        }
+        self.last_prune = Instant::now();
+        let forgotten = self.reader.owners.prune();
+        if forgotten > 0 {
+            tracing::debug!(
+                forgotten,
+                known = self.reader.owners.len(),
+                "forgot cgroups that are gone from the cgroup map"
+            );
+        }
     }
 
     fn check_drops(&mut self) -> Result<(), Closed> {
@@ -481,5 +507,110 @@ mod tests {
             decode(&event(ringlet_ebpf::EVENT_EXEC, 4, "", 0), &mut owners).map(|h| h.container),
             Some(None)
         );
+    }
+
+    /// Issue 14 §3: no record off the ring buffer panics the decoder, whatever its bytes. A fixed
+    /// number of cases, so it runs in every `cargo test`.
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Path components the decoder gives meaning to, mixed with arbitrary text.
+        fn component() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("kubepods".to_owned()),
+                Just("kubepods.slice".to_owned()),
+                Just("besteffort".to_owned()),
+                Just(format!("pod{UID}")),
+                Just(format!(
+                    "kubepods-besteffort-pod{}.slice",
+                    UID.replace('-', "_")
+                )),
+                Just(ID.to_owned()),
+                Just(format!("cri-containerd-{ID}.scope")),
+                Just("-pod.slice".to_owned()),
+                Just(".scope".to_owned()),
+                "pod[0-9a-f_-]{0,70}",
+                "[0-9a-f]{0,130}(\\.scope)?",
+                "\\PC{0,24}",
+            ]
+        }
+
+        fn path() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(component(), 0..8).prop_map(|c| c.join("/").into_bytes()),
+                prop::collection::vec(any::<u8>(), 0..ringlet_ebpf::PATH_LEN + 8),
+            ]
+        }
+
+        fn raw_event() -> impl Strategy<Value = RawEvent> {
+            (
+                prop_oneof![1_u32..=5, any::<u32>()],
+                any::<u32>(),
+                // Few ids, so mkdir, exec, exit and rmdir of one cgroup meet.
+                prop_oneof![0_u64..6, any::<u64>()],
+                any::<u64>(),
+                any::<u32>(),
+                path(),
+            )
+                .prop_map(|(kind, tgid, cgroup_id, ktime_ns, exit_status, path)| {
+                    let mut raw = [0; ringlet_ebpf::PATH_LEN];
+                    let len = path.len().min(raw.len());
+                    raw[..len].copy_from_slice(&path[..len]);
+                    RawEvent {
+                        kind,
+                        tgid,
+                        cgroup_id,
+                        ktime_ns,
+                        pid: tgid,
+                        exit_status,
+                        path: raw,
+                    }
+                })
+        }
+
+        fn config() -> ProptestConfig {
+            ProptestConfig {
+                cases: 512,
+                // A finding becomes a named regression test next to these, not a file.
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            #[test]
+            fn no_bytes_panic_the_record_reader_or_the_decoder(
+                bytes in prop::collection::vec(any::<u8>(), 0..RawEvent::SIZE * 2),
+            ) {
+                let mut owners = owners();
+                match RawEvent::from_bytes(&bytes) {
+                    Some(event) => {
+                        prop_assert!(bytes.len() >= RawEvent::SIZE);
+                        let _ = decode(&event, &mut owners);
+                    }
+                    None => prop_assert!(bytes.len() < RawEvent::SIZE),
+                }
+            }
+
+            #[test]
+            fn no_sequence_of_events_panics_the_decoder(
+                events in prop::collection::vec(raw_event(), 1..24),
+            ) {
+                let mut owners = owners();
+                for event in &events {
+                    if let Some(hint) = decode(event, &mut owners) {
+                        // What comes out is what the PLEG relies on.
+                        prop_assert!(hint.exit_code.is_none_or(|c| (0..=255).contains(&c)));
+                        prop_assert!(hint.signal.is_none_or(|s| (1..=127).contains(&s)));
+                        prop_assert_eq!(hint.tgid.is_some(), event.tgid != 0);
+                        prop_assert_eq!(hint.kernel_time_ns, event.ktime_ns);
+                    }
+                }
+            }
+        }
     }
 }

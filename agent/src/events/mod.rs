@@ -13,20 +13,21 @@
 //!   logged only.
 //! - [`Recorder::event`]`(type, object, reason, message)` never waits for the API server: it hands
 //!   API events to the sink through a channel of [`QUEUE_CAPACITY`] and drops them (counted, see
-//!   [`Recorder::dropped_events`]) when the sink is that far behind. (The `events.log` append is
-//!   still a small synchronous write, as before.)
+//!   [`Recorder::dropped_events`]) when the sink is that far behind. It does not wait for the disk
+//!   either: `events.log` is written by a thread of its own and rotated by size (`log_file`).
+//! - [`Recorder::flush_log`] waits until every event recorded so far is in `events.log` (at
+//!   shutdown; it blocks the calling thread).
 //! - [`EventObject`] says what an event is about: [`EventObject::pod`],
 //!   [`EventObject::container`] (fieldPath `spec.containers{name}`), [`EventObject::node`], or
 //!   [`EventObject::local`] for things that are no API object (manifest files and URLs), which
 //!   are never sent.
 
 mod correlator;
+mod log_file;
 mod object;
 mod sink;
 
 use std::collections::VecDeque;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -35,7 +36,10 @@ use jiff::Timestamp;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+pub use log_file::{EVENT_LOG_MAX_BYTES, EVENT_LOG_MAX_FILES, LogRotation};
 pub use object::{EventObject, InvolvedObject};
+
+use log_file::EventLog;
 
 use crate::apiserver::ApiClient;
 use sink::{ApiWriter, EventWriter, Pending, RequestLimiter, Sink};
@@ -86,7 +90,7 @@ pub struct Event {
 
 struct Inner {
     ring: Mutex<VecDeque<Event>>,
-    log_path: Option<PathBuf>,
+    log: Option<EventLog>,
     /// The sink's queue, once connected.
     queue: OnceLock<mpsc::Sender<Pending>>,
     /// Events the full queue turned away, in all.
@@ -103,12 +107,27 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A recorder that also appends to `log_path` when given.
+    /// A recorder that also appends to `log_path` when given, rotated at the default size
+    /// ([`EVENT_LOG_MAX_BYTES`], [`EVENT_LOG_MAX_FILES`]).
     pub fn new(log_path: Option<PathBuf>) -> Self {
+        Self::with_log_rotation(log_path, LogRotation::default())
+    }
+
+    /// A recorder that also appends to `log_path` when given, rotated as `rotation` says. When the
+    /// writer thread cannot start, the recorder runs without the file (logged).
+    pub fn with_log_rotation(log_path: Option<PathBuf>, rotation: LogRotation) -> Self {
+        let log = log_path.and_then(|path| match EventLog::start(path.clone(), rotation) {
+            Ok(log) => Some(log),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error,
+                    "cannot start the event log writer; events are not written to the file");
+                None
+            }
+        });
         Self {
             inner: Arc::new(Inner {
                 ring: Mutex::new(VecDeque::with_capacity(RING_CAPACITY)),
-                log_path,
+                log,
                 queue: OnceLock::new(),
                 dropped: AtomicU64::new(0),
                 dropping: AtomicU64::new(0),
@@ -178,15 +197,10 @@ impl Recorder {
                 tracing::warn!(object = %event.object, reason, "{}", event.message);
             }
         }
-        if let Some(path) = &self.inner.log_path {
-            let appended = serde_json::to_string(&event)
-                .map_err(std::io::Error::from)
-                .and_then(|line| {
-                    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
-                    writeln!(file, "{line}")
-                });
-            if let Err(err) = appended {
-                tracing::warn!(path = %path.display(), %err, "cannot append to the event log");
+        if let Some(log) = &self.inner.log {
+            match serde_json::to_string(&event) {
+                Ok(line) => log.append(line),
+                Err(error) => tracing::warn!(%error, "cannot encode an event for the event log"),
             }
         }
         if let (EventObject::Api(involved), Some(queue)) = (object, self.inner.queue.get()) {
@@ -250,6 +264,14 @@ impl Recorder {
         ring.iter().cloned().collect()
     }
 
+    /// Waits until every event recorded so far is written to `events.log`. Blocks the calling
+    /// thread (call it at shutdown, or from `spawn_blocking`).
+    pub fn flush_log(&self) {
+        if let Some(log) = &self.inner.log {
+            log.flush();
+        }
+    }
+
     /// How many events the full queue to the API server has turned away since the start.
     pub fn dropped_events(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)
@@ -286,6 +308,7 @@ mod tests {
             "bad yaml",
         );
         recorder.event(EventType::Normal, pod_object("a"), "Started", "ok");
+        recorder.flush_log();
         let recent = recorder.recent();
         assert_eq!(recent.len(), 2);
         assert_eq!(recent[0].reason, "FailedToParse");
@@ -302,6 +325,33 @@ mod tests {
         assert_eq!(keys, ["message", "object", "reason", "time_ms", "type"]);
         assert_eq!(lines[1]["object"], "pod/default/a");
         assert_eq!(lines[1]["type"], "Normal");
+    }
+
+    #[test]
+    fn the_event_log_file_is_rotated_by_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.log");
+        let rotation = LogRotation {
+            max_bytes: 1024,
+            max_files: 2,
+        };
+        let recorder = Recorder::with_log_rotation(Some(path.clone()), rotation);
+        for i in 0..100 {
+            recorder.event(
+                EventType::Normal,
+                pod_object("a"),
+                "Started",
+                format!("n{i}"),
+            );
+        }
+        recorder.flush_log();
+        assert!(std::fs::metadata(&path).unwrap().len() <= rotation.max_bytes);
+        let previous = log_file::rotated(&path, 1);
+        assert!(std::fs::metadata(&previous).unwrap().len() <= rotation.max_bytes);
+        assert!(!log_file::rotated(&path, 2).exists());
+        let last = std::fs::read_to_string(&path).unwrap();
+        let last: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+        assert_eq!(last["message"], "n99");
     }
 
     #[test]

@@ -210,6 +210,10 @@ impl Runtime for KubeGenericRuntimeManager {
         Ok(self.pod_status(uid, name, namespace).await?)
     }
 
+    async fn get_pod_status_by_uid(&self, uid: &PodUid) -> Result<Option<PodStatus>, RuntimeError> {
+        Ok(self.pod_status_by_uid(uid).await?)
+    }
+
     async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {
         Ok(self.cri.container_pid(id.as_str()).await?)
     }

@@ -297,14 +297,13 @@ impl KubeGenericRuntimeManager {
         Ok(group_pods(sandboxes, containers))
     }
 
-    /// Full status of one pod. Objects removed while it is being read are skipped.
-    pub(super) async fn pod_status(
+    /// Every sandbox and container of one pod, exited ones included, found by the pod-uid label
+    /// (the runtime filters, so the cost does not grow with the node's pods).
+    async fn list_pod_objects(
         &self,
         uid: &PodUid,
-        name: &str,
-        namespace: &str,
-    ) -> Result<PodStatus, CriError> {
-        let (sandboxes, containers) = tokio::try_join!(
+    ) -> Result<(Vec<cri::PodSandbox>, Vec<cri::Container>), CriError> {
+        tokio::try_join!(
             self.cri.list_pod_sandbox(Some(sandbox_filter(
                 self.helper.node_name(),
                 Some(uid),
@@ -315,7 +314,50 @@ impl KubeGenericRuntimeManager {
                 Some(uid),
                 false
             ))),
-        )?;
+        )
+    }
+
+    /// Full status of one pod. Objects removed while it is being read are skipped.
+    pub(super) async fn pod_status(
+        &self,
+        uid: &PodUid,
+        name: &str,
+        namespace: &str,
+    ) -> Result<PodStatus, CriError> {
+        let (sandboxes, containers) = self.list_pod_objects(uid).await?;
+        self.status_of(uid, name, namespace, &sandboxes, &containers)
+            .await
+    }
+
+    /// Full status of a pod known only by its uid: the name and namespace come from the labels of
+    /// its sandboxes and containers. `None` when the runtime has nothing of the pod.
+    pub(super) async fn pod_status_by_uid(
+        &self,
+        uid: &PodUid,
+    ) -> Result<Option<PodStatus>, CriError> {
+        let (sandboxes, containers) = self.list_pod_objects(uid).await?;
+        let Some(pod) = sandboxes
+            .iter()
+            .map(|s| &s.labels)
+            .chain(containers.iter().map(|c| &c.labels))
+            .find_map(labels::pod_labels)
+        else {
+            return Ok(None);
+        };
+        self.status_of(uid, &pod.name, &pod.namespace, &sandboxes, &containers)
+            .await
+            .map(Some)
+    }
+
+    /// Reads the status of each listed sandbox and container of one pod.
+    async fn status_of(
+        &self,
+        uid: &PodUid,
+        name: &str,
+        namespace: &str,
+        sandboxes: &[cri::PodSandbox],
+        containers: &[cri::Container],
+    ) -> Result<PodStatus, CriError> {
         let sandbox_statuses =
             join_all(sandboxes.iter().map(|s| self.cri.pod_sandbox_status(&s.id))).await;
         let container_statuses =

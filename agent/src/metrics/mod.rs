@@ -238,6 +238,7 @@ struct Inner {
     kernel_exits: IntCounter,
     kernel_exits_pending: IntGauge,
     kernel_runtime_mismatch: IntCounter,
+    pleg_panics: IntCounter,
     pleg_mode: IntGaugeVec,
     io_engine: IntGaugeVec,
 }
@@ -434,6 +435,14 @@ impl Metrics {
                      container still running past the grace period (the exit is then withdrawn).",
                 ),
             )?,
+            pleg_panics: register(
+                r,
+                "ringlet_pleg_panics_total",
+                IntCounter::new(
+                    "ringlet_pleg_panics_total",
+                    "Panics of the PLEG loop; each restarted the loop from a full relist.",
+                ),
+            )?,
             pleg_mode: int_gauge_vec(
                 r,
                 "ringlet_pleg_mode",
@@ -586,6 +595,11 @@ impl Metrics {
     /// (`ringlet_pleg_kernel_runtime_mismatch_total`).
     pub fn inc_kernel_runtime_mismatch(&self) {
         self.inner.kernel_runtime_mismatch.inc();
+    }
+
+    /// The PLEG loop panicked and was restarted (`ringlet_pleg_panics_total`).
+    pub fn inc_pleg_panics(&self) {
+        self.inner.pleg_panics.inc();
     }
 
     /// One hint received (`ringlet_pleg_hints_total{kind}`).

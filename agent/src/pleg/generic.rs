@@ -5,7 +5,8 @@
 //! In ebpf mode it also takes [`Hint`]s: each hint queues a targeted relist of its pod, which reads
 //! only that pod's status, diffs it against the pod's record and emits the events and the cache update
 //! the same way; a full relist then only runs as the safety net (every relist period, and at once on
-//! `Hint::Resync` or a hint for a pod it does not know). The one hint that writes the cache itself is
+//! `Hint::Resync`). A hint for a pod it has not listed yet reads that pod by its uid label, so K new
+//! pods cost K targeted reads, not K listings of the node. The one hint that writes the cache itself is
 //! the exit of a container's proven init: `ContainerDied` goes out at once and the exit overlays the
 //! runtime's reads until the runtime reports it (see `kernel_exits`).
 
@@ -13,7 +14,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt as _;
+use std::panic::AssertUnwindSafe;
+
+use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::time::Instant;
@@ -24,14 +27,16 @@ use super::kernel_exits::{KernelExits, Reconciled};
 use super::latency::LatencyTracker;
 use super::queue::{HintQueue, Settled};
 use super::{
-    DEFAULT_RELIST_PERIOD, EVENT_CHANNEL_CAPACITY, Hint, HintKind, PlegError, PlegHandle, PlegMode,
-    PodHint, PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
+    DEFAULT_RELIST_PERIOD, EVENT_CHANNEL_CAPACITY, Hint, HintKind, PlegError, PlegHandle,
+    PlegHints, PlegMode, PodHint, PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
+    Refreshes,
 };
 use crate::container::{
     ContainerId, ContainerState, PodCache, PodStatus, PodUid, RunningPod, Runtime, SandboxState,
 };
 use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::{HintLabel, Metrics, RelistType};
+use crate::supervise::{RestartBackoff, panic_message};
 
 /// How many init pids the PLEG reads from the runtime at once.
 const INIT_PID_READS: usize = 8;
@@ -58,8 +63,9 @@ pub struct PlegOptions {
     /// The full-relist period; `None` for the mode's default (1 s in relist mode, 60 s as the
     /// safety relist in ebpf mode).
     pub relist_period: Option<Duration>,
-    /// The hint source; `Some` runs the PLEG in ebpf mode, `None` in relist mode.
-    pub hints: Option<mpsc::Receiver<Hint>>,
+    /// The hint source and the pod workers' refresh requests; `Some` runs the PLEG in ebpf mode,
+    /// `None` in relist mode.
+    pub hints: Option<PlegHints>,
     /// Asked at the start of every full relist to check the hint source for lost events.
     pub hint_source_check: Option<super::HintSourceCheck>,
     pub metrics: Metrics,
@@ -73,6 +79,7 @@ pub struct PlegOptions {
 enum Wake {
     FullRelist,
     Hint(Option<Hint>),
+    Refresh,
     Retry,
     EventsClosed,
 }
@@ -89,6 +96,8 @@ pub struct GenericPleg {
     reinspect: HashSet<PodUid>,
     first_relist_done: bool,
     hints: Option<mpsc::Receiver<Hint>>,
+    /// Pod workers' refresh requests; kept when the hint source stops.
+    refreshes: Option<Refreshes>,
     hint_source_check: Option<super::HintSourceCheck>,
     queue: HintQueue,
     full_relist_requested: bool,
@@ -112,6 +121,7 @@ impl GenericPleg {
         } else {
             PlegMode::Relist
         };
+        let (hints, refreshes) = options.hints.map(|h| (h.kernel, h.refreshes)).unzip();
         let (events, receiver) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
         let shared = Arc::new(Shared::new(mode));
         options.metrics.set_pleg_mode(mode);
@@ -126,7 +136,8 @@ impl GenericPleg {
             records: HashMap::new(),
             reinspect: HashSet::new(),
             first_relist_done: false,
-            hints: options.hints,
+            hints,
+            refreshes,
             hint_source_check: options.hint_source_check,
             queue: HintQueue::default(),
             full_relist_requested: false,
@@ -142,8 +153,48 @@ impl GenericPleg {
 
     /// Relists everything at once and then `relist_period` after each full relist finished; in
     /// ebpf mode runs targeted relists for hints in between. Returns when the event receiver is
-    /// dropped.
+    /// dropped. A panic in the loop does not end it: it is logged, the PLEG reports unhealthy until
+    /// a full relist completes again, and after a back-off the loop restarts from a full relist
+    /// that reads every pod, with the hint queue and the kernel's exits dropped (the state the
+    /// panic left is not trusted; the channels are kept, so nothing upstream or downstream sees it).
     pub async fn run(mut self) {
+        let mut backoff = RestartBackoff::default();
+        loop {
+            let started = Instant::now();
+            let Err(payload) = AssertUnwindSafe(self.run_loop()).catch_unwind().await else {
+                return;
+            };
+            let message = panic_message(&*payload);
+            self.shared.record_panic(&message);
+            self.metrics.inc_pleg_panics();
+            let wait = backoff.after_panic(started.elapsed());
+            tracing::error!(panic = %message, restart_in = ?wait,
+                "the pleg loop panicked; restarting it from a full relist");
+            self.restart_state();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.events.closed() => return,
+            }
+        }
+    }
+
+    /// Drops what a panicked loop may have left half-done; the records stay (a full relist
+    /// refreshes every one and diffs against the last listing, so only real changes are events).
+    fn restart_state(&mut self) {
+        for record in self.records.values_mut() {
+            record.current = None;
+        }
+        self.queue = HintQueue::default();
+        self.kernel_exits = KernelExits::default();
+        self.metrics
+            .set_kernel_exits_pending(self.kernel_exits.pending());
+        self.reinspect.clear();
+        // Reads every pod's status, as the first relist does.
+        self.first_relist_done = false;
+        self.full_relist_requested = true;
+    }
+
+    async fn run_loop(&mut self) {
         let mut next_full = Instant::now();
         loop {
             self.take_available_hints();
@@ -166,6 +217,7 @@ impl GenericPleg {
             }
             match self.wait(next_full).await {
                 Wake::FullRelist | Wake::Retry => {}
+                Wake::Refresh => self.take_refreshes(),
                 Wake::Hint(Some(hint)) => self.accept(hint),
                 Wake::Hint(None) => self.hint_source_closed(),
                 Wake::EventsClosed => {
@@ -176,11 +228,18 @@ impl GenericPleg {
         }
     }
 
-    /// Waits for the next full relist, hint or lag retry.
+    /// Waits for the next full relist, hint, refresh request or lag retry.
     async fn wait(&mut self, next_full: Instant) -> Wake {
         let retry = self.queue.next_retry();
         let hints = &mut self.hints;
+        let refreshes = self.refreshes.as_ref();
         tokio::select! {
+            () = async {
+                match refreshes {
+                    Some(refreshes) => refreshes.requested().await,
+                    None => std::future::pending().await,
+                }
+            } => Wake::Refresh,
             () = tokio::time::sleep_until(next_full) => Wake::FullRelist,
             hint = async {
                 match hints {
@@ -198,8 +257,21 @@ impl GenericPleg {
         }
     }
 
-    /// Moves every hint already waiting in the channel into the queue, so a burst coalesces.
+    /// Queues a targeted relist of every pod a worker asked to have read again.
+    fn take_refreshes(&mut self) {
+        let Some(refreshes) = &self.refreshes else {
+            return;
+        };
+        for pod in refreshes.take() {
+            self.metrics.inc_hint(HintLabel::Refresh);
+            self.queue.request(pod);
+        }
+    }
+
+    /// Moves every hint already waiting in the channel and every refresh request into the queue,
+    /// so a burst coalesces.
     fn take_available_hints(&mut self) {
+        self.take_refreshes();
         loop {
             let Some(hints) = self.hints.as_mut() else {
                 return;
@@ -226,10 +298,6 @@ impl GenericPleg {
                 if let Some(exit) = proven_exit {
                     self.publish_kernel_exit(&exit);
                 }
-            }
-            Hint::Refresh { pod } => {
-                self.metrics.inc_hint(HintLabel::Refresh);
-                self.queue.request(pod);
             }
             Hint::Resync { reason } => {
                 self.metrics.inc_hint(HintLabel::Resync);
@@ -472,6 +540,7 @@ impl GenericPleg {
         self.cache.update_time(start);
         self.reinspect = needs_reinspection;
         self.first_relist_done = true;
+        self.shared.clear_panic();
         self.shared
             .set_running_pods(self.records.values().filter_map(|r| r.old.as_ref()));
         self.update_running_metrics();
@@ -495,39 +564,38 @@ impl GenericPleg {
     }
 
     /// Re-reads one pod a hint named, diffs it against its record and emits the events and the cache
-    /// update; a pod without a record is unknown, so a full relist is requested instead. While the
-    /// runtime still reports running a container the kernel saw exit (or not yet running one the
-    /// kernel saw start), the read is retried with a short back-off.
+    /// update. A pod without a record (not listed yet: just created, or adopted since the last full
+    /// relist) is read by its uid label instead of by name. While the runtime still reports running
+    /// a container the kernel saw exit (or not yet running one the kernel saw start), the read is
+    /// retried with a short back-off.
     async fn targeted_relist(&mut self, uid: &PodUid) {
-        let Some((name, namespace)) = self
+        let known = self
             .records
             .get(uid)
             .and_then(|record| record.old.as_ref().or(record.current.as_ref()))
-            .map(|pod| (pod.name.clone(), pod.namespace.clone()))
-        else {
-            if self.queue.only_removals(uid) {
-                // Removed cgroups of a pod without a record (already gone) cannot produce events.
-                self.queue.forget(uid);
-            } else {
-                tracing::debug!(pod = %uid, "hint for a pod the pleg does not know, relisting everything");
-                self.full_relist_requested = true;
-            }
+            .map(|pod| (pod.name.clone(), pod.namespace.clone()));
+        if known.is_none() && self.queue.only_removals(uid) {
+            // Removed cgroups of a pod without a record (already gone) cannot produce events.
+            self.queue.forget(uid);
             return;
-        };
+        }
         let start = Instant::now();
         self.metrics.inc_relist(RelistType::Targeted);
-        let mut status = match self.runtime.get_pod_status(uid, &name, &namespace).await {
-            Ok(status) => status,
-            Err(source) => {
-                let error = PlegError::InspectPod {
-                    uid: uid.clone(),
-                    name,
-                    namespace,
-                    source,
-                };
+        let mut status = match self.read_pod(uid, known.as_ref()).await {
+            Ok(Some(status)) => status,
+            // The runtime has nothing of the pod (yet): an empty read, so a kernel-reported start
+            // is waited for like any other lagging one.
+            Ok(None) => PodStatus {
+                uid: uid.clone(),
+                ..PodStatus::default()
+            },
+            Err(error) => {
                 tracing::warn!(error = %error, cause = %source_of(&error),
                     "targeted relist failed, re-inspecting next full relist");
-                self.reinspect.insert(uid.clone());
+                // A pod not listed yet needs no re-inspection: the next full relist lists it.
+                if known.is_some() {
+                    self.reinspect.insert(uid.clone());
+                }
                 self.queue.forget(uid);
                 return;
             }
@@ -550,7 +618,11 @@ impl GenericPleg {
         let current =
             (!current.sandboxes.is_empty() || !current.containers.is_empty()).then_some(current);
 
-        let changed = self.cache.get(uid).is_none_or(|cached| *cached != status);
+        // A pod neither cached nor found is no change (a hint for a cgroup of no ringlet pod).
+        let changed = self
+            .cache
+            .get(uid)
+            .map_or(current.is_some(), |cached| *cached != status);
         let old = self.records.get(uid).and_then(|record| record.old.as_ref());
         let events = compute_pod_events(uid, old, current.as_ref());
         if let Some(current) = current {
@@ -593,6 +665,36 @@ impl GenericPleg {
         self.update_running_metrics();
         if let Some(pod) = self.records.get(uid).and_then(|r| r.old.as_ref()) {
             self.learn_inits([pod]);
+        }
+    }
+
+    /// Reads one pod's status: by name when the PLEG knows it (`known`: name and namespace), else
+    /// by its uid label; `None` when the runtime has nothing of an unlisted pod.
+    async fn read_pod(
+        &self,
+        uid: &PodUid,
+        known: Option<&(String, String)>,
+    ) -> Result<Option<PodStatus>, PlegError> {
+        match known {
+            Some((name, namespace)) => self
+                .runtime
+                .get_pod_status(uid, name, namespace)
+                .await
+                .map(Some)
+                .map_err(|source| PlegError::InspectPod {
+                    uid: uid.clone(),
+                    name: name.clone(),
+                    namespace: namespace.clone(),
+                    source,
+                }),
+            None => self
+                .runtime
+                .get_pod_status_by_uid(uid)
+                .await
+                .map_err(|source| PlegError::InspectUnlistedPod {
+                    uid: uid.clone(),
+                    source,
+                }),
         }
     }
 

@@ -20,6 +20,9 @@ pub(super) struct Shared {
     mode: Mutex<PlegMode>,
     /// The live part (ready sandboxes, containers not exited) of every pod as last read.
     running: Mutex<HashMap<PodUid, RunningPod>>,
+    /// The last panic of the PLEG loop, until a full relist completes after it.
+    panic: Mutex<Option<String>>,
+    panics: AtomicU64,
 }
 
 impl Shared {
@@ -30,7 +33,24 @@ impl Shared {
             discarded_events: AtomicU64::new(0),
             mode: Mutex::new(mode),
             running: Mutex::default(),
+            panic: Mutex::new(None),
+            panics: AtomicU64::new(0),
         }
+    }
+
+    fn panic(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.panic.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The loop panicked with `message`: unhealthy until [`Shared::clear_panic`].
+    pub(super) fn record_panic(&self, message: &str) {
+        self.panics.fetch_add(1, Ordering::Relaxed);
+        *self.panic() = Some(message.to_owned());
+    }
+
+    /// A full relist completed: the loop works again.
+    pub(super) fn clear_panic(&self) {
+        self.panic().take();
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<PodUid, RunningPod>> {
@@ -102,6 +122,12 @@ impl PlegHandle {
 
     /// `Ok` when a relist succeeded within the threshold, otherwise why the PLEG is unhealthy.
     pub fn healthy(&self) -> Result<(), String> {
+        if let Some(message) = self.shared.panic().as_ref() {
+            return Err(format!(
+                "pleg loop panicked and has not completed a relist since ({} panics since start): {message}",
+                self.panics()
+            ));
+        }
         let Some(last) = self.last_relist() else {
             return Err("pleg has yet to be successful".to_owned());
         };
@@ -138,6 +164,11 @@ impl PlegHandle {
     /// (what `Runtime::get_pods(false)` would list, without asking the runtime).
     pub fn running_pods(&self) -> Vec<RunningPod> {
         self.shared.running().values().cloned().collect()
+    }
+
+    /// How often the PLEG loop panicked (and was restarted) since the start.
+    pub fn panics(&self) -> u64 {
+        self.shared.panics.load(Ordering::Relaxed)
     }
 
     /// Events dropped because the event channel was full (`kubelet_pleg_discard_events`).

@@ -1,13 +1,17 @@
 //! Hints: what a hint source (the eBPF ring-buffer reader) tells the PLEG. A hint makes the PLEG
 //! re-read one pod from the runtime (a targeted relist), or, for `Resync`, everything; only a `Died`
 //! hint whose process is the container's proven init also writes the pod cache (the kernel knows
-//! that death first). Corresponds to nothing in the kubelet: upstream's Evented PLEG wrote the cache
+//! that death first). Pod workers' refresh requests reach the PLEG on their own path
+//! ([`Refreshes`]): the hint channel is bounded and the reader drops into it when it is full (a
+//! resync covers kernel hints), but nothing would cover a dropped refresh, whose worker would wait
+//! for the safety relist. Corresponds to nothing in the kubelet: upstream's Evented PLEG wrote the cache
 //! from every runtime event, which is what this design avoids.
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use crate::container::{ContainerId, PodUid};
 
@@ -52,21 +56,96 @@ pub enum Hint {
     Resync {
         reason: String,
     },
-    /// A pod worker needs the pod's status read after its own last sync (the cache only holds an
-    /// older read, and in ebpf mode no relist may come for a minute): relist this one pod.
-    Refresh {
-        pod: PodUid,
-    },
 }
 
-/// The PLEG's end of a hint source: the hints, a weak way back in through which pod workers ask
-/// for [`Hint::Refresh`], and the way to ask the source to look for lost events. The weak sender
-/// does not keep the channel open, so the PLEG still sees the hint source go away and falls back to
-/// relisting.
+/// The PLEG's end of a hint source: the kernel's hints, the pod workers' refresh requests, and the
+/// way to ask the source to look for lost events.
 pub struct HintChannel {
-    pub hints: mpsc::Receiver<Hint>,
-    pub refresh: mpsc::WeakSender<Hint>,
+    pub hints: PlegHints,
+    /// How pod workers ask for a newer read of their pod; see [`RefreshRequester`].
+    pub refresh: RefreshRequester,
     pub check: HintSourceCheck,
+}
+
+/// What the PLEG receives in ebpf mode: the hint source's channel, and the refresh requests, which
+/// travel apart from it so a full hint channel cannot lose one.
+pub struct PlegHints {
+    pub kernel: mpsc::Receiver<Hint>,
+    pub refreshes: Refreshes,
+}
+
+impl PlegHints {
+    /// The PLEG's inputs over the hint source's receiver, with a new refresh path.
+    pub fn new(kernel: mpsc::Receiver<Hint>) -> Self {
+        Self {
+            kernel,
+            refreshes: Refreshes::default(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct RefreshState {
+    pending: Mutex<HashSet<PodUid>>,
+    notify: Notify,
+}
+
+/// The PLEG's end of the refresh requests: pods whose worker needs the pod's status read after its
+/// own last sync (the cache only holds an older read, and in ebpf mode no relist may come for a
+/// minute). A set of pending pods and a wake-up instead of a channel: a request never waits and is
+/// never dropped, and requests for a pod already pending coalesce, so the set holds at most one
+/// entry per pod.
+#[derive(Debug, Default)]
+pub struct Refreshes {
+    state: Arc<RefreshState>,
+}
+
+impl Refreshes {
+    /// A handle pod workers ask through. It does not keep the PLEG's end alive: requests made
+    /// after the PLEG is gone are ignored.
+    pub fn requester(&self) -> RefreshRequester {
+        RefreshRequester {
+            state: Arc::downgrade(&self.state),
+        }
+    }
+
+    /// Takes every pending request, in uid order.
+    pub fn take(&self) -> Vec<PodUid> {
+        let mut pods: Vec<PodUid> = lock(&self.state.pending).drain().collect();
+        pods.sort();
+        pods
+    }
+
+    /// Waits until a request may be pending. A request made while nobody waits is remembered, so
+    /// the next wait returns at once; [`Refreshes::take`] may then find nothing.
+    pub async fn requested(&self) {
+        self.state.notify.notified().await;
+    }
+}
+
+/// Asks the PLEG for a newer read of a pod. Cloneable; never blocks, never drops a request.
+#[derive(Clone, Debug)]
+pub struct RefreshRequester {
+    state: Weak<RefreshState>,
+}
+
+impl RefreshRequester {
+    /// Asks for a targeted relist of `pod`; `false` when the PLEG is gone.
+    pub fn request(&self, pod: &PodUid) -> bool {
+        let Some(state) = self.state.upgrade() else {
+            return false;
+        };
+        let newly = lock(&state.pending).insert(pod.clone());
+        if newly {
+            // notify_one keeps a permit when the PLEG is busy, so the request is not slept through.
+            state.notify.notify_one();
+        }
+        true
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Asks a hint source to check now whether it lost events (the eBPF reader then reads the kernel's
@@ -96,14 +175,45 @@ impl HintSourceCheck {
 }
 
 impl HintChannel {
-    /// A refresher for [`crate::container::PodCache::with_refresher`]: asks for a refresh without
-    /// waiting (a full channel already means relists are coming).
+    /// A refresher for [`crate::container::PodCache::with_refresher`].
     pub fn refresher(&self) -> impl Fn(&PodUid) + Send + Sync + 'static {
         let refresh = self.refresh.clone();
         move |pod: &PodUid| {
-            if let Some(sender) = refresh.upgrade() {
-                let _ = sender.try_send(Hint::Refresh { pod: pod.clone() });
-            }
+            refresh.request(pod);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_coalesce_per_pod_and_come_out_in_uid_order() {
+        let refreshes = Refreshes::default();
+        let requester = refreshes.requester();
+        for pod in ["b", "a", "b", "b"] {
+            assert!(requester.request(&PodUid::from(pod)));
+        }
+        assert_eq!(refreshes.take(), vec![PodUid::from("a"), PodUid::from("b")]);
+        assert!(refreshes.take().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_request_made_before_the_wait_wakes_it() {
+        let refreshes = Refreshes::default();
+        refreshes.requester().request(&PodUid::from("a"));
+        // Returns at once: the permit was kept.
+        refreshes.requested().await;
+        assert_eq!(refreshes.take(), vec![PodUid::from("a")]);
+    }
+
+    #[test]
+    fn requests_after_the_pleg_is_gone_are_ignored() {
+        let refreshes = Refreshes::default();
+        let requester = refreshes.requester();
+        drop(refreshes);
+        assert!(!requester.request(&PodUid::from("a")));
     }
 }

@@ -20,7 +20,9 @@ mod queue;
 
 pub use generic::{GenericPleg, PlegOptions};
 pub use health::PlegHandle;
-pub use hints::{Hint, HintChannel, HintKind, HintSourceCheck, PodHint};
+pub use hints::{
+    Hint, HintChannel, HintKind, HintSourceCheck, PlegHints, PodHint, RefreshRequester, Refreshes,
+};
 pub use latency::{LatencyTracker, monotonic_now_ns};
 
 use std::time::Duration;
@@ -114,6 +116,12 @@ pub enum PlegError {
         uid: PodUid,
         name: String,
         namespace: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("reading pod {uid}, which the pleg has not listed, from the runtime by its uid label")]
+    InspectUnlistedPod {
+        uid: PodUid,
         #[source]
         source: RuntimeError,
     },

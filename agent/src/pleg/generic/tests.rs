@@ -21,7 +21,11 @@ struct FakeRuntime {
     pods: Mutex<Vec<RunningPod>>,
     fail_list: Mutex<bool>,
     fail_status: Mutex<HashSet<PodUid>>,
+    /// Pods whose next `get_pod_status` panics (a bug somewhere below the PLEG).
+    panic_status: Mutex<HashSet<PodUid>>,
     status_calls: Mutex<Vec<PodUid>>,
+    /// Pods read by uid alone (`get_pod_status_by_uid`), in order.
+    uid_status_calls: Mutex<Vec<PodUid>>,
     list_calls: Mutex<usize>,
     /// Listings `get_pod_status` reports for a pod before falling back to `pods` (a runtime that
     /// has not caught up yet).
@@ -44,6 +48,71 @@ impl FakeRuntime {
 
     fn take_list_calls(&self) -> usize {
         std::mem::take(&mut *self.list_calls.lock().unwrap())
+    }
+
+    fn take_uid_status_calls(&self) -> Vec<PodUid> {
+        std::mem::take(&mut *self.uid_status_calls.lock().unwrap())
+    }
+
+    /// What a read of the pod finds: a stale listing first if one is queued, else `pods`.
+    fn read(&self, uid: &PodUid) -> Option<RunningPod> {
+        let stale = self
+            .stale_status
+            .lock()
+            .unwrap()
+            .get_mut(uid)
+            .and_then(VecDeque::pop_front);
+        stale.or_else(|| {
+            let pods = self.pods.lock().unwrap();
+            pods.iter().find(|p| &p.uid == uid).cloned()
+        })
+    }
+
+    fn status_of(
+        &self,
+        uid: &PodUid,
+        name: &str,
+        namespace: &str,
+        pod: Option<&RunningPod>,
+    ) -> PodStatus {
+        let exit_codes = self.exit_codes.lock().unwrap();
+        PodStatus {
+            uid: uid.clone(),
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            ips: vec![format!("10.0.0.{}", pod.map_or(0, |p| p.containers.len()))],
+            sandboxes: pod
+                .iter()
+                .flat_map(|p| &p.sandboxes)
+                .map(|s| SandboxStatus {
+                    id: s.id.clone(),
+                    state: s.state,
+                    created_at: s.created_at,
+                    attempt: 0,
+                    ip: None,
+                    host_network: false,
+                })
+                .collect(),
+            containers: pod
+                .iter()
+                .flat_map(|p| &p.containers)
+                .map(|c| ContainerStatus {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    state: c.state,
+                    created_at: c.created_at,
+                    started_at: 0,
+                    finished_at: 0,
+                    exit_code: exit_codes.get(&c.id).copied().unwrap_or_default(),
+                    image: String::new(),
+                    image_ref: String::new(),
+                    hash: c.hash.clone(),
+                    restart_count: 0,
+                    reason: String::new(),
+                    message: String::new(),
+                })
+                .collect(),
+        }
     }
 }
 
@@ -80,55 +149,31 @@ impl Runtime for FakeRuntime {
         if self.fail_status.lock().unwrap().contains(uid) {
             return Err(RuntimeError::Other("status failed".to_owned()));
         }
-        let stale = self
-            .stale_status
-            .lock()
-            .unwrap()
-            .get_mut(uid)
-            .and_then(VecDeque::pop_front);
-        let pods = self.pods.lock().unwrap();
-        let exit_codes = self.exit_codes.lock().unwrap();
-        let pod = stale.or_else(|| pods.iter().find(|p| &p.uid == uid).cloned());
-        Ok(PodStatus {
-            uid: uid.clone(),
-            name: name.to_owned(),
-            namespace: namespace.to_owned(),
-            ips: vec![format!(
-                "10.0.0.{}",
-                pod.as_ref().map_or(0, |p| p.containers.len())
-            )],
-            sandboxes: pod
-                .iter()
-                .flat_map(|p| &p.sandboxes)
-                .map(|s| SandboxStatus {
-                    id: s.id.clone(),
-                    state: s.state,
-                    created_at: s.created_at,
-                    attempt: 0,
-                    ip: None,
-                    host_network: false,
-                })
-                .collect(),
-            containers: pod
-                .iter()
-                .flat_map(|p| &p.containers)
-                .map(|c| ContainerStatus {
-                    id: c.id.clone(),
-                    name: c.name.clone(),
-                    state: c.state,
-                    created_at: c.created_at,
-                    started_at: 0,
-                    finished_at: 0,
-                    exit_code: exit_codes.get(&c.id).copied().unwrap_or_default(),
-                    image: String::new(),
-                    image_ref: String::new(),
-                    hash: c.hash.clone(),
-                    restart_count: 0,
-                    reason: String::new(),
-                    message: String::new(),
-                })
-                .collect(),
-        })
+        // The guard is gone before the panic, so the fake's mutexes are not poisoned.
+        let panics = self.panic_status.lock().unwrap().remove(uid);
+        assert!(!panics, "injected panic reading {uid}");
+        let pod = self.read(uid);
+        Ok(self.status_of(uid, name, namespace, pod.as_ref()))
+    }
+
+    async fn get_pod_status_by_uid(&self, uid: &PodUid) -> Result<Option<PodStatus>, RuntimeError> {
+        self.uid_status_calls.lock().unwrap().push(uid.clone());
+        if self.fail_status.lock().unwrap().contains(uid) {
+            return Err(RuntimeError::Other("status failed".to_owned()));
+        }
+        // Like the CRI's label selector: the pod's objects carry its name and namespace.
+        let Some(pod) = self
+            .read(uid)
+            .filter(|p| !p.sandboxes.is_empty() || !p.containers.is_empty())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(self.status_of(
+            uid,
+            &pod.name,
+            &pod.namespace,
+            Some(&pod),
+        )))
     }
 
     async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {
@@ -531,6 +576,7 @@ struct EbpfPleg {
     handle: PlegHandle,
     events: mpsc::Receiver<PodLifecycleEvent>,
     hints: mpsc::Sender<Hint>,
+    refresh: crate::pleg::RefreshRequester,
     metrics: Metrics,
     latency: LatencyTracker,
     broadcaster: EventBroadcaster,
@@ -558,6 +604,8 @@ async fn start_ebpf_with(
     let broadcaster = EventBroadcaster::default();
     let latency = LatencyTracker::new(metrics.clone(), broadcaster.clone());
     let (hints, hint_rx) = mpsc::channel(1024);
+    let hint_rx = PlegHints::new(hint_rx);
+    let refresh = hint_rx.refreshes.requester();
     let (pleg, handle, mut events) = GenericPleg::new(
         Arc::clone(&runtime) as Arc<dyn Runtime>,
         Arc::clone(&cache),
@@ -585,6 +633,7 @@ async fn start_ebpf_with(
         handle,
         events,
         hints,
+        refresh,
         metrics,
         latency,
         broadcaster,
@@ -723,12 +772,7 @@ async fn a_refresh_reads_the_pod_again_without_a_full_relist() {
     let before = t.cache.get(&PodUid::from("p")).unwrap();
     tokio::time::advance(Duration::from_millis(3)).await;
     t.runtime.set_pods(exited_p());
-    t.hints
-        .send(Hint::Refresh {
-            pod: PodUid::from("p"),
-        })
-        .await
-        .unwrap();
+    assert!(t.refresh.request(&PodUid::from("p")));
     settle().await;
     assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("p")]);
     assert_eq!(t.runtime.take_list_calls(), 0, "no full relist");
@@ -738,6 +782,57 @@ async fn a_refresh_reads_the_pod_again_without_a_full_relist() {
         metric(&t.metrics, "ringlet_pleg_hints_total{kind=\"refresh\"}"),
         1.0
     );
+}
+
+/// Issue 14 §1.6: a refresh used to be `try_send` on the kernel hints' channel and was lost when a
+/// burst of kernel events had filled it, parking the pod's worker until the safety relist.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_gets_through_a_hint_channel_full_of_kernel_hints() {
+    let mut t = start_ebpf(vec![
+        pod("p", SandboxState::Ready, &[("c1", ContainerState::Running)]),
+        pod("q", SandboxState::Ready, &[("c9", ContainerState::Running)]),
+    ])
+    .await;
+    // The PLEG cannot run before this test yields: the burst fills the channel to the last slot.
+    let mut flood = 0;
+    while t
+        .hints
+        .try_send(pod_hint("q", HintKind::Started, "c9"))
+        .is_ok()
+    {
+        flood += 1;
+    }
+    assert_eq!(flood, t.hints.max_capacity());
+    t.runtime.set_pods(vec![
+        pod("p", SandboxState::Ready, &[("c1", ContainerState::Exited)]),
+        pod("q", SandboxState::Ready, &[("c9", ContainerState::Running)]),
+    ]);
+    assert!(t.refresh.request(&PodUid::from("p")));
+    settle().await;
+    let read: HashSet<PodUid> = t.runtime.take_status_calls().into_iter().collect();
+    assert_eq!(read, HashSet::from([PodUid::from("p"), PodUid::from("q")]));
+    assert_eq!(t.runtime.take_list_calls(), 0, "no safety relist needed");
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn refreshes_for_one_pod_coalesce_into_one_read() {
+    let mut t = start_ebpf(running_p()).await;
+    for _ in 0..3 {
+        assert!(t.refresh.request(&PodUid::from("p")));
+    }
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("p")]);
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_hints_total{kind=\"refresh\"}"),
+        1.0
+    );
+    // Asked again once the read is done: a new read, not lost to the one before.
+    t.runtime.set_pods(exited_p());
+    assert!(t.refresh.request(&PodUid::from("p")));
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("p")]);
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -855,40 +950,190 @@ async fn a_runtime_that_never_catches_up_gets_a_full_relist() {
     );
 }
 
+fn created(pod: &str, container: &str) -> Hint {
+    pod_hint(pod, HintKind::CgroupCreated, container)
+}
+
 #[tokio::test(start_paused = true)]
-async fn hint_for_an_unknown_pod_relists_everything() {
+async fn a_hint_for_a_pod_not_listed_yet_reads_that_pod_by_uid() {
     let mut t = start_ebpf(running_p()).await;
     let mut pods = running_p();
     pods.push(pod("new", SandboxState::Ready, &[]));
     t.runtime.set_pods(pods);
-    t.hints
-        .send(Hint::Pod(PodHint {
-            pod: PodUid::from("new"),
-            kind: HintKind::CgroupCreated,
-            container: Some(ContainerId::from("sb-new")),
-            tgid: None,
-            exit_code: None,
-            signal: None,
-            kernel_time_ns: crate::pleg::monotonic_now_ns(),
-        }))
-        .await
-        .unwrap();
+    t.hints.send(created("new", "sb-new")).await.unwrap();
     settle().await;
-    assert_eq!(t.runtime.take_list_calls(), 1);
-    assert_eq!(
-        t.runtime.take_status_calls(),
-        vec![PodUid::from("new")],
-        "the full relist reads the new pod; no targeted relist follows"
-    );
+    assert_eq!(t.runtime.take_list_calls(), 0, "no full relist");
+    assert_eq!(t.runtime.take_uid_status_calls(), vec![PodUid::from("new")]);
+    assert!(t.runtime.take_status_calls().is_empty());
     assert_eq!(
         drain(&mut t.events),
         vec![event("new", ContainerStarted, "sb-new")]
     );
+    let cached = t.cache.get(&PodUid::from("new")).unwrap();
+    assert_eq!(
+        (cached.name.as_str(), cached.namespace.as_str()),
+        ("new-name", "default"),
+        "named from the runtime's labels"
+    );
     assert_eq!(
         metric(&t.metrics, "ringlet_pleg_event_latency_seconds_count"),
         1.0,
-        "the full relist's event came from the hint"
+        "the event came from the hint"
     );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_relists_total{type=\"targeted\"}"),
+        1.0
+    );
+
+    // Now known, the pod is read by name like any other.
+    t.hints.send(created("new", "c-new")).await.unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("new")]);
+    assert!(t.runtime.take_uid_status_calls().is_empty());
+}
+
+/// Issue 14 §1.4: pods created one after another used to cost one full listing each.
+#[tokio::test(start_paused = true)]
+async fn k_pods_not_listed_yet_cost_no_full_listing() {
+    const K: u8 = 5;
+    let mut t = start_ebpf(running_p()).await;
+    let mut pods = running_p();
+    for i in 0..K {
+        let uid = format!("new{i}");
+        pods.push(pod(&uid, SandboxState::Ready, &[]));
+        t.runtime.set_pods(pods.clone());
+        t.hints
+            .send(created(&uid, &format!("sb-{uid}")))
+            .await
+            .unwrap();
+        settle().await;
+        assert_eq!(
+            drain(&mut t.events),
+            vec![event(&uid, ContainerStarted, &format!("sb-{uid}"))]
+        );
+    }
+    assert_eq!(t.runtime.take_list_calls(), 0, "no full listing at all");
+    assert_eq!(t.runtime.take_uid_status_calls().len(), usize::from(K));
+    assert_eq!(metric(&t.metrics, "kubelet_running_pods"), f64::from(K + 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_for_a_pod_the_runtime_does_not_have_costs_one_read_and_no_event() {
+    let mut t = start_ebpf(running_p()).await;
+    t.hints.send(created("stranger", "c7")).await.unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    assert_eq!(
+        t.runtime.take_uid_status_calls(),
+        vec![PodUid::from("stranger")]
+    );
+    assert!(drain(&mut t.events).is_empty());
+    assert!(t.cache.get(&PodUid::from("stranger")).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_in_a_pod_the_runtime_has_not_recorded_yet_is_retried() {
+    let mut t = start_ebpf(running_p()).await;
+    let mut pods = running_p();
+    pods.push(pod(
+        "new",
+        SandboxState::Ready,
+        &[("c5", ContainerState::Running)],
+    ));
+    t.runtime.set_pods(pods);
+    // The first read finds nothing of the pod yet.
+    t.runtime
+        .stale_status
+        .lock()
+        .unwrap()
+        .insert(PodUid::from("new"), VecDeque::from([RunningPod::default()]));
+    t.hints
+        .send(pod_hint("new", HintKind::Started, "c5"))
+        .await
+        .unwrap();
+    settle().await;
+    assert!(drain(&mut t.events).is_empty());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(t.runtime.take_uid_status_calls().len(), 2, "read again");
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    let events = drain(&mut t.events);
+    assert!(
+        events.contains(&event("new", ContainerStarted, "c5")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_of_a_pod_not_listed_yet_waits_for_the_next_full_relist() {
+    let mut t = start_ebpf(running_p()).await;
+    let mut pods = running_p();
+    pods.push(pod("new", SandboxState::Ready, &[]));
+    t.runtime.set_pods(pods);
+    t.runtime
+        .fail_status
+        .lock()
+        .unwrap()
+        .insert(PodUid::from("new"));
+    t.hints.send(created("new", "sb-new")).await.unwrap();
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 0);
+    assert!(drain(&mut t.events).is_empty());
+    t.runtime.fail_status.lock().unwrap().clear();
+    tokio::time::advance(crate::pleg::DEFAULT_SAFETY_RELIST_PERIOD).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1);
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("new", ContainerStarted, "sb-new")]
+    );
+}
+
+/// Issue 14 §1.7: a panic in the PLEG loop used to end its task without a trace: no more events, and
+/// `/healthz` only noticed three minutes later.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_loop_is_reported_unhealthy_and_the_loop_restarts() {
+    let mut t = start_ebpf(running_p()).await;
+    t.runtime
+        .panic_status
+        .lock()
+        .unwrap()
+        .insert(PodUid::from("p"));
+    t.hints.send(died("p", "c1")).await.unwrap();
+    settle().await;
+    let unhealthy = t.handle.healthy().unwrap_err();
+    assert!(
+        unhealthy.contains("pleg loop panicked") && unhealthy.contains("injected panic reading p"),
+        "{unhealthy}"
+    );
+    assert_eq!(t.handle.panics(), 1);
+    assert_eq!(metric(&t.metrics, "ringlet_pleg_panics_total"), 1.0);
+    assert_eq!(
+        t.runtime.take_list_calls(),
+        0,
+        "backing off before the restart"
+    );
+
+    t.runtime.set_pods(exited_p());
+    tokio::time::advance(crate::supervise::RESTART_BACKOFF_INITIAL).await;
+    settle().await;
+    assert_eq!(
+        t.runtime.take_list_calls(),
+        1,
+        "restarted from a full relist"
+    );
+    assert!(t.handle.healthy().is_ok(), "{:?}", t.handle.healthy());
+    assert_eq!(
+        drain(&mut t.events),
+        vec![event("p", ContainerDied, "c1")],
+        "the change the panic interrupted, once"
+    );
+
+    // The restarted loop still takes requests.
+    t.runtime.take_status_calls();
+    assert!(t.refresh.request(&PodUid::from("p")));
+    settle().await;
+    assert_eq!(t.runtime.take_status_calls(), vec![PodUid::from("p")]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1306,7 +1551,7 @@ async fn every_full_relist_asks_the_hint_source_to_check_for_lost_events() {
         Arc::new(PodCache::new()),
         PlegOptions {
             relist_period: Some(Duration::from_mins(1)),
-            hints: Some(hint_rx),
+            hints: Some(PlegHints::new(hint_rx)),
             hint_source_check: Some(crate::pleg::HintSourceCheck::new(Arc::clone(&eventfd))),
             latency: LatencyTracker::new(metrics.clone(), EventBroadcaster::default()),
             metrics,
