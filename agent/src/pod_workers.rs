@@ -9,7 +9,8 @@
 //! sync is retried through the work queue after a jittered back-off (1 s while the network is not
 //! ready), a failed stop or cleanup by the worker itself, since a removed pod is no longer in the
 //! pod manager the sync loop dispatches from; after an agent restart the state is rebuilt from the
-//! runtime.
+//! runtime. A worker that panics is reported unhealthy and run again (`crate::supervise`), redoing
+//! the step it was in on a fresh runtime read.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -21,6 +22,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::container::{PodCache, PodStatus, PodUid};
+use crate::supervise::{TaskPanics, spawn_supervised};
 
 /// Why a sync was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,6 +196,8 @@ struct Shared {
     queue: Arc<WorkQueue>,
     resync_interval: Duration,
     backoff_period: Duration,
+    /// Panics of the worker tasks, for `/healthz`.
+    panics: TaskPanics,
 }
 
 /// Cloneable handle to the pod workers.
@@ -232,8 +236,14 @@ impl PodWorkers {
                 queue,
                 resync_interval,
                 backoff_period,
+                panics: TaskPanics::default(),
             }),
         }
+    }
+
+    /// The panics of the worker tasks: unhealthy for a while after one.
+    pub fn panics(&self) -> TaskPanics {
+        self.shared.panics.clone()
     }
 
     fn workers(&self) -> MutexGuard<'_, HashMap<PodUid, Worker>> {
@@ -252,11 +262,11 @@ impl PodWorkers {
         let mut workers = self.workers();
         let worker = workers.entry(uid.clone()).or_insert_with(|| {
             let wake = Arc::new(Notify::new());
-            tokio::spawn(run_worker(
-                Arc::clone(&self.shared),
-                uid.clone(),
-                Arc::clone(&wake),
-            ));
+            spawn_supervised(
+                format!("pod worker {uid}"),
+                self.shared.panics.clone(),
+                worker_runs(Arc::clone(&self.shared), uid.clone(), Arc::clone(&wake)),
+            );
             Worker {
                 pod: update.pod.clone(),
                 update_type: update.update_type,
@@ -391,11 +401,43 @@ fn pod_label(pod: &Pod) -> String {
     )
 }
 
-async fn run_worker(shared: Arc<Shared>, uid: PodUid, wake: Arc<Notify>) {
+/// Makes the runs of a pod's worker task: the first, and one after each panic, which redoes the
+/// step the panic interrupted on a runtime read taken after it (the step may have changed the
+/// runtime before it panicked).
+fn worker_runs(
+    shared: Arc<Shared>,
+    uid: PodUid,
+    wake: Arc<Notify>,
+) -> impl FnMut() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + 'static
+{
+    let mut first = true;
+    move || {
+        let last_change = if std::mem::take(&mut first) {
+            None
+        } else {
+            request_work(&shared, &uid);
+            Some(Instant::now())
+        };
+        Box::pin(run_worker(
+            Arc::clone(&shared),
+            uid.clone(),
+            Arc::clone(&wake),
+            last_change,
+        ))
+    }
+}
+
+/// One run of a pod's worker, until the worker is forgotten. `last_change`: when the runtime last
+/// changed for all this run knows.
+async fn run_worker(
+    shared: Arc<Shared>,
+    uid: PodUid,
+    wake: Arc<Notify>,
+    mut last_change: Option<Instant>,
+) {
     // A sync acts on a runtime read taken after the last sync that changed the runtime, so it never
     // misses what the worker did itself; a read older than a sync that changed nothing is as good,
     // which lets a kernel-published exit be acted on without waiting for a new read.
-    let mut last_change: Option<Instant> = None;
     // When a failed stop or cleanup is tried again.
     let mut retry_at: Option<Instant> = None;
     loop {
@@ -560,6 +602,8 @@ mod tests {
         fail_terminate_once: Mutex<bool>,
         /// Every sync fails with this reason.
         sync_error: Mutex<Option<&'static str>>,
+        /// The next sync panics.
+        panic_once: Mutex<bool>,
     }
 
     #[async_trait]
@@ -573,6 +617,10 @@ mod tests {
             self.gate.acquire().await.unwrap().forget();
             let image = pod.metadata.name.clone().unwrap();
             self.calls.send(Call::Sync(image, update_type)).unwrap();
+            assert!(
+                !std::mem::take(&mut *self.panic_once.lock().unwrap()),
+                "the syncer panicked"
+            );
             if let Some(reason) = *self.sync_error.lock().unwrap() {
                 return Err(SyncError {
                     reason,
@@ -662,6 +710,7 @@ mod tests {
             gate: Arc::clone(&gate),
             fail_terminate_once: Mutex::new(fail_terminate_once),
             sync_error: Mutex::new(None),
+            panic_once: Mutex::new(false),
         });
         let cache = Arc::new(PodCache::new());
         cache.update_time(Instant::now());
@@ -885,6 +934,33 @@ mod tests {
         assert!(
             f.calls.try_recv().is_err(),
             "nothing runs after the removal"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_panics_is_reported_and_redoes_its_step_on_a_fresh_read() {
+        let mut f = fixture(false, false, 10);
+        *f.syncer.panic_once.lock().unwrap() = true;
+        f.workers.update_pod(update("v1", UpdateType::Create));
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v1".into(), UpdateType::Create))
+        );
+        tokio::task::yield_now().await;
+        let unhealthy = f.workers.panics().healthy().unwrap_err();
+        assert!(unhealthy.contains("the syncer panicked"), "{unhealthy}");
+        tokio::time::advance(crate::supervise::RESTART_BACKOFF_INITIAL).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            f.calls.try_recv().is_err(),
+            "the step may have changed the runtime: it waits for a newer read"
+        );
+        relist(&f.workers).await;
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Sync("v1".into(), UpdateType::Create))
         );
     }
 

@@ -624,6 +624,7 @@ mod tests {
                 containerd: "containerd 1.6".to_owned(),
             },
             pods: vec![10, 100],
+            host_network: true,
             exits: 2,
             settle_s: 1,
             window_s: 3,

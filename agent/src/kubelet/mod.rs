@@ -268,6 +268,7 @@ impl Kubelet {
             status: self.status.clone(),
             runtime_state: self.runtime_state.clone(),
             pleg: self.pleg_handle.clone(),
+            pod_worker_panics: self.workers.panics(),
             sync_loop_threshold: sync_loop_threshold(self.settings.sync_frequency),
             metrics: self.metrics.clone(),
         })

@@ -29,6 +29,7 @@ use crate::prober::{ProbeResult, ProbeResults, ProbeType};
 use crate::server::{FoundContainer, HealthCheck, HostError, PodRef, ServerHost};
 use crate::stats::{PodStatsInput, StatsProvider, Summary};
 use crate::status::StatusManager;
+use crate::supervise::TaskPanics;
 
 use super::{PodManager, RuntimeState, pod_uid};
 
@@ -63,6 +64,8 @@ pub struct KubeletServerHost {
     pub status: StatusManager,
     pub runtime_state: RuntimeState,
     pub pleg: PlegHandle,
+    /// Panics of the pod workers' tasks.
+    pub pod_worker_panics: TaskPanics,
     pub sync_loop_threshold: Duration,
     pub metrics: Metrics,
     pub runtime: Arc<dyn Runtime>,
@@ -129,6 +132,11 @@ impl ServerHost for KubeletServerHost {
                 name: "pleg",
                 result: self.pleg.healthy(),
                 detail: Some(format!("mode {}", self.pleg.mode())),
+            },
+            HealthCheck {
+                name: "podworkers",
+                result: self.pod_worker_panics.healthy(),
+                detail: None,
             },
         ]
     }
