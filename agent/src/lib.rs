@@ -28,5 +28,7 @@ pub mod prober;
 pub mod server;
 pub mod stats;
 pub mod status;
+#[cfg(test)]
+mod testing;
 pub mod token;
 pub mod volumes;
