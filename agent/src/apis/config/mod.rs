@@ -343,7 +343,7 @@ pub enum ConfigError {
     ParseFile {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
     #[error("reading the system hostname (set --hostname-override instead)")]
     Hostname(#[source] std::io::Error),
@@ -388,8 +388,8 @@ pub fn from_flags(flags: &Flags) -> Result<(AgentConfig, Vec<String>), ConfigErr
 }
 
 fn read_file_text(path: &Path, text: &str) -> Result<file::FileContents, ConfigError> {
-    let document: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|source| ConfigError::ParseFile {
+    let document: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).map_err(|source| ConfigError::ParseFile {
             path: path.to_owned(),
             source,
         })?;
