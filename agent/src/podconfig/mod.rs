@@ -9,6 +9,8 @@ mod depth;
 mod file;
 mod http;
 mod manifest;
+#[cfg(test)]
+mod proptests;
 mod report;
 mod storage;
 

@@ -1031,5 +1031,7 @@ fn validate_node_name(name: &str) -> Result<(), &'static str> {
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 #[allow(clippy::expect_used, clippy::unwrap_used)]
 mod tests;
