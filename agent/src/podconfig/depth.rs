@@ -17,7 +17,7 @@
 
 /// Where a document first nests deeper than the limit (1-based, columns in bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct TooDeep {
+pub(crate) struct TooDeep {
     pub line: usize,
     pub column: usize,
 }
@@ -98,7 +98,7 @@ struct Scanner<'a> {
 }
 
 /// Scans `text` and returns where its nesting first exceeds `limit` levels, if it does.
-pub(super) fn too_deep(text: &str, limit: usize) -> Option<TooDeep> {
+pub(crate) fn too_deep(text: &str, limit: usize) -> Option<TooDeep> {
     scan(text, limit).err()
 }
 

@@ -5,7 +5,7 @@
 //! `sourceFile`, `sourceURL`, `applyDefaults`) and `SourcesReady`.
 
 mod apiserver;
-mod depth;
+pub(crate) mod depth;
 mod file;
 mod http;
 mod manifest;
