@@ -29,5 +29,7 @@ pub mod server;
 pub mod stats;
 pub mod status;
 pub mod supervise;
+#[cfg(test)]
+mod testing;
 pub mod token;
 pub mod volumes;

@@ -219,12 +219,16 @@ fn hint_source(
         config.ebpf_ring_buffer_bytes,
         metrics,
     )
-    .map_err(|err| {
-        anyhow::anyhow!(
-            "--pleg-mode=ebpf: the eBPF PLEG cannot start: {}",
-            error_chain(&err)
-        )
-    })
+    .map_err(|err| anyhow::anyhow!(ebpf_unavailable_message(&error_chain(&err))))
+}
+
+/// Why an agent asked for `--pleg-mode=ebpf` does not start, and the modes that would: only `auto`
+/// falls back, so an operator who asked for eBPF learns it is missing instead of silently relisting.
+fn ebpf_unavailable_message(cause: &str) -> String {
+    format!(
+        "--pleg-mode=ebpf: the eBPF PLEG cannot start: {cause}; \
+         --pleg-mode=auto would fall back to the relist PLEG, --pleg-mode=relist does not use eBPF"
+    )
 }
 
 /// `<root-dir>/pods`, where the pods' volumes and data live.

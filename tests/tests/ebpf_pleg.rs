@@ -441,6 +441,12 @@ fn without_bpffs_the_agent_says_why_and_runs_the_relist_pleg() -> Result<()> {
             && stderr.contains("/sys/fs/bpf is not on a bpf filesystem"),
         "{stderr}"
     );
+    // ... and says which modes would run without it.
+    ensure!(
+        stderr.contains("--pleg-mode=auto would fall back to the relist PLEG")
+            && stderr.contains("--pleg-mode=relist does not use eBPF"),
+        "the error must name the modes that fall back: {stderr}"
+    );
     let agent = Agent::start_wrapped(
         "ebpf-fallback",
         AgentOptions {

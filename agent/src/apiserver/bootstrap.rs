@@ -57,7 +57,7 @@ pub enum BootstrapError {
     EncodeKubeconfig {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
     #[error("reading the bootstrap kubeconfig {path}")]
     ReadKubeconfig {
@@ -355,11 +355,12 @@ fn write_kubeconfig(settings: &BootstrapSettings, client_pem: &Path) -> Result<(
         kind: Some("Config".to_owned()),
         ..Kubeconfig::default()
     };
-    let yaml =
-        serde_yaml::to_string(&kubeconfig).map_err(|source| BootstrapError::EncodeKubeconfig {
+    let yaml = serde_yaml_ng::to_string(&kubeconfig).map_err(|source| {
+        BootstrapError::EncodeKubeconfig {
             path: settings.kubeconfig.clone(),
             source,
-        })?;
+        }
+    })?;
     if let Some(parent) = settings.kubeconfig.parent() {
         create_dir(parent)?;
     }

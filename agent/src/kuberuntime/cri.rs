@@ -23,6 +23,11 @@ const CRI_VERSION: &str = "v1";
 /// this only keeps a wedged pull from holding a pod worker forever.
 const MIN_PULL_TIMEOUT: Duration = Duration::from_mins(15);
 
+/// The largest CRI message the client sends or accepts: the kubelet's `maxMsgSize` (16 MiB) in
+/// `pkg/kubelet/cri/remote`. tonic's default of 4 MiB is not enough for `ListContainers` on a dense
+/// node (a few KiB of labels and annotations per container), and a refused listing fails the relist.
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Why a CRI call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CriError {
@@ -177,8 +182,12 @@ impl CriClient {
     pub fn from_channel(endpoint: &str, channel: Channel, timeout: Duration) -> Self {
         Self {
             endpoint: endpoint.to_owned(),
-            runtime: RuntimeServiceClient::new(channel.clone()),
-            images: ImageServiceClient::new(channel),
+            runtime: RuntimeServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            images: ImageServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             timeout,
         }
     }
@@ -485,6 +494,12 @@ fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
 
 #[cfg(test)]
 mod tests {
+    use ringlet_proto::runtime::v1::runtime_service_server::{
+        RuntimeService, RuntimeServiceServer,
+    };
+    use tokio::net::UnixListener;
+    use tokio_stream::wrappers::UnixListenerStream;
+
     use super::*;
 
     #[test]
@@ -575,6 +590,80 @@ mod tests {
         };
         // Field 2, packed (length-delimited): one byte of varints.
         assert_eq!(forward.encode_to_vec(), [(2 << 3) | 2, 1, 80]);
+    }
+
+    /// A runtime whose `ListContainers` answers with containers carrying `label_bytes` of labels
+    /// each, `count` of them.
+    struct BigListing {
+        count: usize,
+        label_bytes: usize,
+    }
+
+    #[tonic::async_trait]
+    impl RuntimeService for BigListing {
+        async fn list_containers(
+            &self,
+            _request: tonic::Request<cri::ListContainersRequest>,
+        ) -> Result<tonic::Response<cri::ListContainersResponse>, Status> {
+            let containers = (0..self.count)
+                .map(|i| cri::Container {
+                    id: format!("container-{i}"),
+                    labels: [("padding".to_owned(), "x".repeat(self.label_bytes))].into(),
+                    ..cri::Container::default()
+                })
+                .collect();
+            Ok(tonic::Response::new(cri::ListContainersResponse {
+                containers,
+            }))
+        }
+    }
+
+    /// Serves `runtime` on a unix socket in a temporary directory and returns a client for it.
+    fn serve(runtime: BigListing) -> (tempfile::TempDir, CriClient) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("cri.sock");
+        let incoming = UnixListenerStream::new(UnixListener::bind(&socket).unwrap());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .serve_with_incoming(RuntimeServiceServer::new(runtime), incoming),
+        );
+        let endpoint = format!("unix://{}", socket.display());
+        let client = CriClient::new(&endpoint, Duration::from_secs(30)).unwrap();
+        (dir, client)
+    }
+
+    #[tokio::test]
+    async fn a_listing_over_four_mebibytes_is_accepted_as_by_the_kubelet() {
+        // 3,000 containers of 2 KiB labels: about 6 MiB, over tonic's default limit of 4 MiB.
+        let (_dir, client) = serve(BigListing {
+            count: 3_000,
+            label_bytes: 2048,
+        });
+        let containers = client.list_containers(None).await.unwrap();
+        assert_eq!(containers.len(), 3_000);
+        let size: usize = containers.iter().map(prost::Message::encoded_len).sum();
+        assert!(size > 4 * 1024 * 1024, "only {size} bytes");
+    }
+
+    #[tokio::test]
+    async fn a_listing_over_the_limit_is_refused_with_the_call_named() {
+        // 17 MiB: past the kubelet's limit too, so the limit still protects the agent.
+        let (_dir, client) = serve(BigListing {
+            count: 17,
+            label_bytes: 1024 * 1024,
+        });
+        let err = client.list_containers(None).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CriError::Call {
+                    call: "ListContainers",
+                    code: Code::OutOfRange | Code::ResourceExhausted | Code::Internal,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 
     #[tokio::test]

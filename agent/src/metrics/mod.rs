@@ -112,6 +112,42 @@ impl HintLabel {
     }
 }
 
+/// What kind of failure a TLS handshake on the API port ended in
+/// (`ringlet_tls_handshake_errors_total{reason}`); few kinds, so the series stay few.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsHandshakeError {
+    /// The client's certificate was refused (unknown CA, expired, X.509 v1, ...).
+    Certificate,
+    /// The client sent an alert: it refused the handshake, e.g. it does not trust the server.
+    Alert,
+    /// Any other TLS error (no common version or cipher suite, a malformed message, ...).
+    Protocol,
+    /// The connection closed or broke before the handshake finished.
+    Io,
+    /// The client did not finish the handshake in time.
+    Timeout,
+}
+
+impl TlsHandshakeError {
+    const ALL: [TlsHandshakeError; 5] = [
+        Self::Certificate,
+        Self::Alert,
+        Self::Protocol,
+        Self::Io,
+        Self::Timeout,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Certificate => "certificate",
+            Self::Alert => "alert",
+            Self::Protocol => "protocol",
+            Self::Io => "io",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
 /// The container states of `kubelet_running_containers{container_state}`, with the kubelet's label
 /// values.
 const CONTAINER_STATES: [(ContainerState, &str); 4] = [
@@ -241,6 +277,7 @@ struct Inner {
     pleg_panics: IntCounter,
     pleg_mode: IntGaugeVec,
     io_engine: IntGaugeVec,
+    tls_handshake_errors: IntCounterVec,
 }
 
 /// A cloneable handle to the agent's metrics.
@@ -455,6 +492,14 @@ impl Metrics {
                 "The I/O engine the agent runs on (1 for the engine in use).",
                 "engine",
             )?,
+            tls_handshake_errors: int_counter_vec(
+                r,
+                "ringlet_tls_handshake_errors_total",
+                "TLS handshakes on the kubelet API port that failed, by kind: certificate (a client \
+                 certificate was refused), alert (the client refused the handshake), protocol, io \
+                 (the connection broke or closed) or timeout.",
+                "reason",
+            )?,
             registry,
             probes: ProbeMetrics::new()?,
         };
@@ -466,6 +511,11 @@ impl Metrics {
         }
         for (_, state) in CONTAINER_STATES {
             inner.running_containers.with_label_values(&[state]);
+        }
+        for reason in TlsHandshakeError::ALL {
+            inner
+                .tls_handshake_errors
+                .with_label_values(&[reason.label()]);
         }
         let metrics = Self {
             inner: Arc::new(inner),
@@ -637,6 +687,14 @@ impl Metrics {
                 .with_label_values(&[candidate.as_str()])
                 .set(i64::from(candidate == engine));
         }
+    }
+
+    /// One failed TLS handshake on the API port (`ringlet_tls_handshake_errors_total{reason}`).
+    pub fn inc_tls_handshake_error(&self, reason: TlsHandshakeError) {
+        self.inner
+            .tls_handshake_errors
+            .with_label_values(&[reason.label()])
+            .inc();
     }
 
     /// `ringlet_pleg_mode{mode}`: 1 for `mode`, 0 for the other.

@@ -25,6 +25,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("ringlet_pleg_kernel_runtime_mismatch_total", "counter"),
     ("ringlet_pleg_panics_total", "counter"),
     ("ringlet_pleg_mode", "gauge"),
+    ("ringlet_tls_handshake_errors_total", "counter"),
 ];
 
 /// A strict reading of the Prometheus text format 0.0.4: `# HELP`/`# TYPE` lines, then samples
@@ -113,6 +114,7 @@ fn every_metric_is_exported_with_its_type() {
         "ringlet_pleg_relists_total{type=\"targeted\"}",
         "ringlet_pleg_relists_total{type=\"full\"}",
         "kubelet_running_containers{container_state=\"exited\"}",
+        "ringlet_tls_handshake_errors_total{reason=\"certificate\"}",
     ] {
         assert_eq!(samples.get(series), Some(&0.0), "{series}");
     }

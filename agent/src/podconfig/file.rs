@@ -1,9 +1,12 @@
 //! The file source: static pod manifests in `--pod-manifest-path` (a directory, or one file). The
 //! directory is watched with inotify (through `notify`) so a change is picked up at once, and rescanned
 //! every `--file-check-frequency` as the safety net and to notice a directory that appears later.
+//! Each scan (listing, reading, decoding) runs on a blocking thread, off the agent's core; a file
+//! larger or deeper than a manifest may be is refused by name and the others still run.
 //! Corresponds to the kubelet's `pkg/kubelet/config/file.go` (+ `file_linux.go`).
 
 use std::collections::HashMap;
+use std::io::Read as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,7 +18,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
-use super::manifest::{Origin, decode_pod, documents, drop_duplicates, normalize};
+use super::manifest::{
+    MAX_MANIFEST_BYTES, Origin, decode_pod, documents, drop_duplicates, normalize,
+};
 use super::report::{Problem, Reporter};
 use super::{
     PodConfigError, PodSource, REASON_FAILED_TO_PARSE_MANIFEST, REASON_FAILED_VALIDATION, SourceSet,
@@ -64,9 +69,28 @@ impl FileSource {
                     while wake_rx.try_recv().is_ok() {}
                 }
             }
-            // Watch before scanning, so a change made during the scan still wakes us.
-            watch.refresh();
-            let Some(pods) = self.scan() else { continue };
+            // The scan reads and decodes files: blocking and CPU-bound work that must not stall the
+            // agent's single-threaded core (a pathological manifest may take a while even within
+            // the limits). The source and its watch travel to a blocking thread and back.
+            let scanned = tokio::task::spawn_blocking(move || {
+                // Watch before scanning, so a change made during the scan still wakes us.
+                watch.refresh();
+                let pods = self.scan();
+                (self, watch, pods)
+            })
+            .await;
+            let pods = match scanned {
+                Ok((source, refreshed, pods)) => {
+                    self = source;
+                    watch = refreshed;
+                    pods
+                }
+                Err(err) => {
+                    tracing::error!(%err, "the pod manifest scan failed; the file source stops");
+                    return;
+                }
+            };
+            let Some(pods) = pods else { continue };
             let set = SourceSet {
                 source: PodSource::File,
                 pods,
@@ -130,17 +154,17 @@ impl FileSource {
     }
 
     /// Reads one manifest; content seen in the previous scan is not decoded again, which keeps a
-    /// rescan of thousands of manifests cheap on the agent's single-threaded core.
+    /// rescan of thousands of manifests cheap.
     fn read_file(&self, file: &Path, cache: &mut HashMap<PathBuf, ParsedFile>) -> ParsedFile {
-        let bytes = match std::fs::read(file) {
+        let bytes = match read_capped(file) {
             Ok(bytes) => bytes,
             // Deleted between listing and reading: it is simply gone.
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return ParsedFile::default(),
-            Err(source) => {
-                let err = PodConfigError::ReadManifest {
-                    path: file.to_path_buf(),
-                    source,
-                };
+            Err(PodConfigError::ReadManifest { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return ParsedFile::default();
+            }
+            Err(err) => {
                 return ParsedFile {
                     problems: vec![file_problem(file, &err, "")],
                     ..ParsedFile::default()
@@ -180,6 +204,30 @@ impl FileSource {
         }
         parsed
     }
+}
+
+/// The content of `file`, refused without reading it all when it is larger than a manifest may be.
+fn read_capped(file: &Path) -> Result<Vec<u8>, PodConfigError> {
+    let read_error = |source| PodConfigError::ReadManifest {
+        path: file.to_path_buf(),
+        source,
+    };
+    let opened = std::fs::File::open(file).map_err(read_error)?;
+    let limit = u64::try_from(MAX_MANIFEST_BYTES).unwrap_or(u64::MAX);
+    let mut bytes = Vec::new();
+    // One byte past the limit tells a file at the limit from a larger one.
+    opened
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() > MAX_MANIFEST_BYTES {
+        let size = std::fs::metadata(file).map_or(limit + 1, |metadata| metadata.len());
+        return Err(PodConfigError::TooLarge {
+            size,
+            limit: MAX_MANIFEST_BYTES,
+        });
+    }
+    Ok(bytes)
 }
 
 /// What one manifest file held the last time it was read.
@@ -414,6 +462,70 @@ mod tests {
             events[1].message.contains("Service"),
             "{}",
             events[1].message
+        );
+    }
+
+    #[test]
+    fn a_deeply_nested_manifest_is_refused_by_name_and_the_others_run() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), manifest("a", "i")).unwrap();
+        let deep = dir.path().join("deep.json");
+        let depth = 100_000;
+        std::fs::write(
+            &deep,
+            format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth)),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("z.yaml"), manifest("z", "i")).unwrap();
+        let (mut source, recorder) = source(dir.path());
+        assert_eq!(names(&source.scan().unwrap()), ["a-node1", "z-node1"]);
+        let events = recorder.recent();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, REASON_FAILED_TO_PARSE_MANIFEST);
+        assert_eq!(
+            events[0].message,
+            format!(
+                "{}: manifest nests deeper than 128 levels (at line 1, column 641); no pod nests that deep",
+                deep.display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_file_over_the_size_limit_is_refused_without_reading_it_all() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), manifest("a", "i")).unwrap();
+        let big = dir.path().join("big.yaml");
+        let file = std::fs::File::create(&big).unwrap();
+        // Sparse: 1 GiB on paper, nothing on disk.
+        file.set_len(1 << 30).unwrap();
+        let (mut source, recorder) = source(dir.path());
+        assert_eq!(names(&source.scan().unwrap()), ["a-node1"]);
+        let message = &recorder.recent()[0].message;
+        assert!(
+            message.starts_with(&format!("{}: manifest is 1073741824 bytes", big.display())),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_running_source_sends_the_good_pods_beside_a_deep_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("web.yaml"), manifest("web", "i")).unwrap();
+        let depth = 100_000;
+        std::fs::write(
+            dir.path().join("deep.yaml"),
+            format!("a: {}1{}\n", "[".repeat(depth), "]".repeat(depth)),
+        )
+        .unwrap();
+        let (source, recorder) = source(dir.path());
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(source.run(Duration::from_hours(1), tx));
+        assert_eq!(names(&next_set(&mut rx).await.pods), ["web-node1"]);
+        assert!(
+            recorder.recent()[0]
+                .message
+                .contains("deeper than 128 levels")
         );
     }
 

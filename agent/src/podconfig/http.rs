@@ -19,7 +19,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
-use super::manifest::{Origin, decode_pod_or_list, documents, drop_duplicates, normalize};
+use super::manifest::{
+    MAX_MANIFEST_BYTES, Origin, decode_pod_or_list, documents, drop_duplicates, normalize,
+};
 use super::report::{Problem, Reporter};
 use super::{
     PodConfigError, PodSource, REASON_FAILED_TO_FETCH_MANIFEST, REASON_FAILED_TO_PARSE_MANIFEST,
@@ -31,7 +33,7 @@ use crate::events::Recorder;
 /// The kubelet gives the manifest URL 10 s per request.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// A manifest larger than this is certainly a mistake (a wrong URL serving a big file).
-const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+const MAX_BODY_BYTES: usize = MAX_MANIFEST_BYTES;
 
 /// Parses a manifest URL and checks that its scheme is one this source can fetch.
 pub(super) fn parse_url(url: &str) -> Result<Uri, PodConfigError> {
@@ -129,7 +131,7 @@ impl HttpSource {
     pub(super) async fn poll(&mut self) -> Option<Vec<Pod>> {
         let mut problems = Vec::new();
         let pods = match self.fetch().await {
-            Ok(body) => self.decode_cached(&body, &mut problems),
+            Ok(body) => self.decode_cached(body, &mut problems).await,
             Err(err) => {
                 problems.push(Problem {
                     object: self.object(),
@@ -186,25 +188,69 @@ impl HttpSource {
     }
 
     /// Decodes a body unless it is the same as the last good one: a big list polled every few
-    /// seconds is usually unchanged, and decoding it is the expensive part of a poll.
-    fn decode_cached(&mut self, body: &[u8], problems: &mut Vec<Problem>) -> Option<Vec<Pod>> {
+    /// seconds is usually unchanged, and decoding it is the expensive part of a poll. Hashing and
+    /// decoding run on a blocking thread: a large or hostile body must not stall the agent's core.
+    async fn decode_cached(
+        &mut self,
+        body: Bytes,
+        problems: &mut Vec<Problem>,
+    ) -> Option<Vec<Pod>> {
+        let decoder = Decoder {
+            url: self.url.clone(),
+            node_name: self.node_name.clone(),
+        };
+        let last_good = self.last_good.take();
+        let outcome =
+            tokio::task::spawn_blocking(move || decoder.decode_cached(last_good, &body)).await;
+        match outcome {
+            Ok((last_good, pods, found)) => {
+                self.last_good = last_good;
+                problems.extend(found);
+                pods
+            }
+            Err(err) => {
+                tracing::error!(url = %self.url, %err, "decoding the manifest url's body failed");
+                None
+            }
+        }
+    }
+}
+
+/// What decoding a body needs, apart from the source's state.
+struct Decoder {
+    url: String,
+    node_name: String,
+}
+
+impl Decoder {
+    fn object(&self) -> String {
+        format!("http/{}", self.url)
+    }
+
+    /// The pods of `body` and its problems, from `last_good` when the body is unchanged, with the
+    /// last good body to remember from now on.
+    fn decode_cached(
+        &self,
+        last_good: Option<LastGood>,
+        body: &[u8],
+    ) -> (Option<LastGood>, Option<Vec<Pod>>, Vec<Problem>) {
         let digest: [u8; 32] = Sha256::digest(body).into();
-        if let Some(last) = &self.last_good
+        if let Some(last) = &last_good
             && last.digest == digest
         {
-            problems.extend(last.problems.iter().cloned());
-            return Some(last.pods.clone());
+            let (pods, problems) = (last.pods.clone(), last.problems.clone());
+            return (last_good, Some(pods), problems);
         }
         let mut fresh = Vec::new();
-        let decoded = self.decode(body, &mut fresh);
-        problems.extend(fresh.iter().cloned());
-        let pods = decoded?;
-        self.last_good = Some(LastGood {
+        let Some(pods) = self.decode(body, &mut fresh) else {
+            return (last_good, None, fresh);
+        };
+        let remembered = LastGood {
             digest,
             pods: pods.clone(),
-            problems: fresh,
-        });
-        Some(pods)
+            problems: fresh.clone(),
+        };
+        (Some(remembered), Some(pods), fresh)
     }
 
     /// A body that cannot be decoded as a whole keeps the previous set: half of a served list must not
@@ -444,6 +490,28 @@ mod tests {
         // The unchanged body comes from the cache: same pods, no repeated event.
         assert_eq!(source.poll().await.unwrap(), pods);
         assert_eq!(recorder.recent().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_deeply_nested_body_is_refused_and_the_previous_pods_stay() {
+        let (addr, served) = serve(&pod_list(&[pod_json("a", "uid-a", "")])).await;
+        let (mut source, recorder) = source(addr, &HashMap::new());
+        assert_eq!(source.poll().await.unwrap().len(), 1);
+
+        let depth = 100_000;
+        served.lock().unwrap().body = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(
+            source.poll().await.is_none(),
+            "a refused body keeps the previous set"
+        );
+        let events = recorder.recent();
+        assert_eq!(events[0].reason, REASON_FAILED_TO_PARSE_MANIFEST);
+        assert_eq!(
+            events[0].message,
+            format!(
+                "http://{addr}/pods: manifest nests deeper than 128 levels (at line 1, column 129); no pod nests that deep"
+            )
+        );
     }
 
     #[tokio::test]

@@ -15,6 +15,15 @@ use super::report::Problem;
 use super::{CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, PodConfigError, PodSource};
 use crate::error_chain::error_chain;
 
+/// The largest manifest (file or URL body) decoded. A pod is at most about 1.5 MiB (what etcd
+/// stores), so this leaves room for a list of several, and bounds the parsers' linear work.
+pub(super) const MAX_MANIFEST_BYTES: usize = 16 * 1024 * 1024;
+/// The deepest nesting a manifest may have. A pod nests about 10 levels (a list item's affinity
+/// term); 128 is also where both parsers' own recursion limits stop, so nothing they would accept is
+/// refused. The limit is checked by a linear pre-scan before the YAML parser runs, whose cost grows
+/// with the size times the depth of flow collections (see [`super::depth`]).
+pub(super) const MAX_NESTING_DEPTH: usize = 128;
+
 const DEFAULT_NAMESPACE: &str = "default";
 const DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS: i64 = 30;
 const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
@@ -30,7 +39,23 @@ pub(super) enum Origin<'a> {
 /// documents separated by `---` otherwise (and when JSON-looking text turns out to be YAML flow
 /// style). Empty documents are skipped; indexes count from 1 and include them, so they match what a
 /// reader of the file counts.
+///
+/// A manifest over [`MAX_MANIFEST_BYTES`] or nested deeper than [`MAX_NESTING_DEPTH`] is refused
+/// before any parser sees it. This is CPU-bound work: call it off the agent's core.
 pub(super) fn documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, PodConfigError> {
+    if text.len() > MAX_MANIFEST_BYTES {
+        return Err(PodConfigError::TooLarge {
+            size: u64::try_from(text.len()).unwrap_or(u64::MAX),
+            limit: MAX_MANIFEST_BYTES,
+        });
+    }
+    if let Some(at) = super::depth::too_deep(text, MAX_NESTING_DEPTH) {
+        return Err(PodConfigError::TooDeep {
+            limit: MAX_NESTING_DEPTH,
+            line: at.line,
+            column: at.column,
+        });
+    }
     if text.trim_start().starts_with(['{', '[']) {
         let json = json_documents(text);
         if json.is_ok() {
@@ -59,7 +84,7 @@ fn json_documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, PodConf
 
 fn yaml_documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, PodConfigError> {
     let mut out = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let value = serde_json::Value::deserialize(document).map_err(|source| {
             PodConfigError::ParseYaml {
                 index: i + 1,
@@ -602,6 +627,70 @@ mod tests {
         let err = documents("a: [1, 2\n").unwrap_err();
         assert!(
             matches!(err, PodConfigError::ParseYaml { index: 1, .. }),
+            "{err}"
+        );
+    }
+
+    fn nested_json(depth: usize) -> String {
+        format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth))
+    }
+
+    #[test]
+    fn a_hundred_thousand_levels_are_refused_before_parsing() {
+        // The reported case: ~500 KB of nested objects kept the agent busy for a minute in the
+        // YAML fallback. The pre-scan names the limit and where it was passed.
+        let err = documents(&nested_json(100_000)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PodConfigError::TooDeep {
+                    limit: MAX_NESTING_DEPTH,
+                    line: 1,
+                    column: 641,
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "manifest nests deeper than 128 levels (at line 1, column 641); no pod nests that deep"
+        );
+        // The same in YAML flow style, and in block style.
+        let flow = format!("a: {}1{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(matches!(
+            documents(&flow),
+            Err(PodConfigError::TooDeep { line: 1, .. })
+        ));
+        let block = format!("{}1\n", "- ".repeat(100_000));
+        assert!(matches!(
+            documents(&block),
+            Err(PodConfigError::TooDeep { .. })
+        ));
+    }
+
+    #[test]
+    fn nesting_up_to_the_limit_still_reaches_the_parser() {
+        // At the limit the parsers decide (serde_json accepts 127 levels around a value).
+        let (_, value) = documents(&nested_json(100)).unwrap().pop().unwrap();
+        assert!(value.get("a").is_some());
+        // One past the limit is the pre-scan's refusal, not a parser's.
+        assert!(matches!(
+            documents(&nested_json(MAX_NESTING_DEPTH + 1)),
+            Err(PodConfigError::TooDeep { .. })
+        ));
+    }
+
+    #[test]
+    fn a_manifest_over_the_size_limit_is_refused() {
+        let padding = "#".repeat(MAX_MANIFEST_BYTES);
+        let text = format!("{WEB}{padding}\n");
+        let err = documents(&text).unwrap_err();
+        assert!(
+            matches!(err, PodConfigError::TooLarge { limit: MAX_MANIFEST_BYTES, size } if size == u64::try_from(text.len()).unwrap()),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("more than the 16777216 bytes"),
             "{err}"
         );
     }

@@ -5,9 +5,12 @@
 //! `sourceFile`, `sourceURL`, `applyDefaults`) and `SourcesReady`.
 
 mod apiserver;
+pub(crate) mod depth;
 mod file;
 mod http;
 mod manifest;
+#[cfg(test)]
+mod proptests;
 mod report;
 mod storage;
 
@@ -142,13 +145,23 @@ pub enum PodConfigError {
         #[source]
         source: std::io::Error,
     },
+    #[error("manifest is {size} bytes, more than the {limit} bytes a manifest may have")]
+    TooLarge { size: u64, limit: usize },
+    #[error(
+        "manifest nests deeper than {limit} levels (at line {line}, column {column}); no pod nests that deep"
+    )]
+    TooDeep {
+        limit: usize,
+        line: usize,
+        column: usize,
+    },
     #[error("manifest is not valid UTF-8")]
     NotUtf8(#[source] std::str::Utf8Error),
     #[error("parsing yaml document {index}")]
     ParseYaml {
         index: usize,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
     #[error("parsing json document {index}")]
     ParseJson {

@@ -29,7 +29,9 @@ use super::ServerError;
 use super::peer::PeerCertificates;
 use super::router::{Body, Router};
 use super::tls::ServingTls;
+use super::tls::handshake::{Failure, HandshakeErrors};
 use crate::io::{Listener, SendStream, Stream};
+use crate::metrics::Metrics;
 
 /// The kubelet's `MaxHeaderBytes` (1 MiB) for the request line plus headers.
 const MAX_HEADER_BYTES: usize = 1 << 20;
@@ -85,6 +87,11 @@ pub(crate) trait Transport: 'static {
         &self,
         tcp: SendStream,
     ) -> impl Future<Output = io::Result<(Self::Stream, Option<PeerCertificates>)>>;
+
+    /// Says why a handshake with `peer` failed or timed out.
+    fn handshake_failed(&self, peer: SocketAddr, failure: &Failure) {
+        tracing::debug!(%peer, reason = %failure.reason, scheme = Self::SCHEME, "handshake failed");
+    }
 }
 
 /// Plain HTTP: the TCP stream as is.
@@ -102,8 +109,12 @@ impl Transport for Plain {
     }
 }
 
-/// HTTPS with the API port's current certificate and client-certificate policy.
-pub(crate) struct Tls(pub(crate) ServingTls);
+/// HTTPS with the API port's current certificate and client-certificate policy; failed handshakes
+/// are logged (rate-limited) and counted.
+pub(crate) struct Tls {
+    pub(crate) tls: ServingTls,
+    pub(crate) errors: HandshakeErrors,
+}
 
 impl Transport for Tls {
     type Stream = TlsStream<SendStream>;
@@ -113,7 +124,7 @@ impl Transport for Tls {
         &self,
         tcp: SendStream,
     ) -> io::Result<(TlsStream<SendStream>, Option<PeerCertificates>)> {
-        let stream = self.0.acceptor().accept(tcp).await?;
+        let stream = self.tls.acceptor().accept(tcp).await?;
         let peer = stream
             .get_ref()
             .1
@@ -121,6 +132,10 @@ impl Transport for Tls {
             .filter(|chain| !chain.is_empty())
             .map(|chain| PeerCertificates(Arc::from(chain.to_vec())));
         Ok((stream, peer))
+    }
+
+    fn handshake_failed(&self, peer: SocketAddr, failure: &Failure) {
+        self.errors.report(peer, failure);
     }
 }
 
@@ -165,16 +180,22 @@ pub(crate) async fn serve(
 }
 
 /// Serves `handler` over TLS on `listener`, following rotations of the certificate files while it
-/// runs, until `shutdown` completes; then drains open connections.
+/// runs, until `shutdown` completes; then drains open connections. Failed handshakes are counted in
+/// `metrics` when given.
 pub(crate) async fn serve_tls(
     listener: Listener,
     tls: ServingTls,
     handler: impl Handler,
     limits: ServeLimits,
+    metrics: Option<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let _watching = tls.watch();
-    run(listener, Tls(tls), handler, limits, shutdown).await
+    let transport = Tls {
+        tls,
+        errors: HandshakeErrors::new(metrics),
+    };
+    run(listener, transport, handler, limits, shutdown).await
 }
 
 /// The accept loop. A connection slot is taken before accepting, so a full listener leaves new
@@ -327,11 +348,11 @@ async fn connection<T: Transport, S: Handler>(
         result = handshake => match result {
             Ok(Ok(done)) => done,
             Ok(Err(error)) => {
-                tracing::debug!(%peer, %error, scheme = T::SCHEME, "handshake failed");
+                context.transport.handshake_failed(peer, &Failure::of(&error));
                 return;
             }
             Err(_) => {
-                tracing::debug!(%peer, ?handshake_timeout, scheme = T::SCHEME, "handshake timed out");
+                context.transport.handshake_failed(peer, &Failure::timed_out(handshake_timeout));
                 return;
             }
         },

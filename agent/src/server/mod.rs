@@ -186,13 +186,22 @@ pub async fn serve_api(
     host: Arc<dyn ServerHost>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    let metrics = host.metrics().clone();
     let router = Router::api(
         host,
         serving.debugging_handlers,
         serving.auth,
         listener.engine(),
     );
-    listener::serve_tls(listener, serving.tls, router, serving.limits, shutdown).await
+    listener::serve_tls(
+        listener,
+        serving.tls,
+        router,
+        serving.limits,
+        Some(metrics),
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]

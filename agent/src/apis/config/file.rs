@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use super::duration::parse_duration;
 use super::node::RawNodeSettings;

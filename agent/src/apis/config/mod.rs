@@ -343,7 +343,16 @@ pub enum ConfigError {
     ParseFile {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
+    },
+    #[error(
+        "kubelet config file {path} nests deeper than {limit} levels (at line {line}, column {column})"
+    )]
+    TooDeep {
+        path: PathBuf,
+        limit: usize,
+        line: usize,
+        column: usize,
     },
     #[error("reading the system hostname (set --hostname-override instead)")]
     Hostname(#[source] std::io::Error),
@@ -387,9 +396,22 @@ pub fn from_flags(flags: &Flags) -> Result<(AgentConfig, Vec<String>), ConfigErr
     resolve(flags, contents, &hostname)
 }
 
+/// The deepest nesting a config file may have; a `KubeletConfiguration` nests a few levels. Checked
+/// before the YAML parser runs, whose cost grows with the size times the nesting of flow
+/// collections (see [`crate::podconfig::depth`]).
+const MAX_NESTING_DEPTH: usize = 128;
+
 fn read_file_text(path: &Path, text: &str) -> Result<file::FileContents, ConfigError> {
-    let document: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|source| ConfigError::ParseFile {
+    if let Some(at) = crate::podconfig::depth::too_deep(text, MAX_NESTING_DEPTH) {
+        return Err(ConfigError::TooDeep {
+            path: path.to_owned(),
+            limit: MAX_NESTING_DEPTH,
+            line: at.line,
+            column: at.column,
+        });
+    }
+    let document: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).map_err(|source| ConfigError::ParseFile {
             path: path.to_owned(),
             source,
         })?;
@@ -1030,6 +1052,8 @@ fn validate_node_name(name: &str) -> Result<(), &'static str> {
     }
 }
 
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 #[allow(clippy::expect_used, clippy::unwrap_used)]
 mod tests;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
 use serde_json::{Value, json};
-use serde_yaml::Value as Yaml;
+use serde_yaml_ng::Value as Yaml;
 
 use super::configz::go_duration;
 use super::file::FieldReader;

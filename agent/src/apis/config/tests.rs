@@ -257,6 +257,34 @@ fn yaml_syntax_error_names_the_file() {
 }
 
 #[test]
+fn a_deeply_nested_file_is_refused_before_parsing() {
+    // Parsing 100,000 levels of flow nesting took libyaml about a minute.
+    let depth = 100_000;
+    let yaml = format!(
+        "{HEADER}syncFrequency: {}1{}\n",
+        "[".repeat(depth),
+        "]".repeat(depth)
+    );
+    let err = load_with_file(&yaml, &[]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::TooDeep {
+                limit: 128,
+                line: 3,
+                column: 143,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("nests deeper than 128 levels"),
+        "{err}"
+    );
+}
+
+#[test]
 fn missing_file_names_the_path() {
     let err = load([
         "ringlet",

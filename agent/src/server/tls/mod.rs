@@ -4,6 +4,7 @@
 //! rotation of those files without a restart. It corresponds to the TLS half of the kubelet's
 //! `cmd/kubelet/app.InitializeTLS` plus the serving-certificate handling of `pkg/kubelet/certificate`.
 
+pub(crate) mod handshake;
 mod pki;
 mod reload;
 

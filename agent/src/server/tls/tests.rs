@@ -33,6 +33,7 @@ use tokio_rustls::TlsConnector;
 use super::*;
 use crate::io::testing::on_both_engines;
 use crate::io::{IoEngine, spawn_connection};
+use crate::metrics::Metrics;
 use crate::server::fake_host::FakeHost;
 use crate::server::listener::{self, Handler, Plain, ServeLimits};
 use crate::server::router::{Router, full};
@@ -314,6 +315,17 @@ fn start_tls(
     handler: impl Handler,
     limits: ServeLimits,
 ) -> Running {
+    start_tls_counted(engine, tls, handler, limits, None)
+}
+
+/// [`start_tls`] with failed handshakes counted in `metrics`.
+fn start_tls_counted(
+    engine: IoEngine,
+    tls: ServingTls,
+    handler: impl Handler,
+    limits: ServeLimits,
+    metrics: Option<Metrics>,
+) -> Running {
     let listener = bind("127.0.0.1:0".parse().unwrap(), engine).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -322,6 +334,7 @@ fn start_tls(
         tls,
         handler,
         limits,
+        metrics,
         async move {
             let _ = stopped.await;
         },
@@ -473,7 +486,10 @@ async fn openssl_rsa_and_ec_keys_in_every_pem_flavour_load(engine: IoEngine) {
         .arg("version")
         .output()
     else {
-        println!("SKIP: openssl is not installed");
+        crate::testing::skip(
+            "openssl_rsa_and_ec_keys_in_every_pem_flavour_load",
+            "openssl is not installed",
+        );
         return;
     };
     assert!(version.status.success());
@@ -813,6 +829,85 @@ async fn client_certificates_are_verified_and_handed_to_requests(engine: IoEngin
     server.stop().await;
 }
 
+/// Collects what the `tracing` subscriber writes, to assert on log lines.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuffer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+async fn a_refused_client_certificate_is_logged_with_its_reason_and_counted(engine: IoEngine) {
+    let log = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer({
+            let log = log.clone();
+            move || log.clone()
+        })
+        .finish();
+    // The connections are local tasks on this thread, so a thread-local subscriber sees them.
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let dir = tempfile::tempdir().unwrap();
+    let server_ca = ca("server-ca");
+    let ca_file = dir.path().join("client-ca.crt");
+    fs::write(&ca_file, &ca("client-ca").pem).unwrap();
+    let tls = ServingTls::load(&TlsSettings {
+        client_ca_file: Some(ca_file),
+        ..with_files(dir.path(), &server_pair(&server_ca))
+    })
+    .unwrap();
+    let metrics = Metrics::new().unwrap();
+    let server = start_tls_counted(
+        engine,
+        tls,
+        peer_echo(),
+        ServeLimits::default(),
+        Some(metrics.clone()),
+    );
+    let outsider = Client::trusting(&[&server_ca.pem]).with_identity(&client_pair(&ca("rogue-ca")));
+    for _ in 0..3 {
+        fetch(server.addr, &outsider, "localhost", "/")
+            .await
+            .unwrap_err();
+    }
+    // Stopping waits for every connection task, so their failures have been reported by then.
+    server.stop().await;
+
+    let rendered = metrics.render().unwrap();
+    assert!(
+        rendered.contains("ringlet_tls_handshake_errors_total{reason=\"certificate\"} 3"),
+        "{rendered}"
+    );
+    let log = log.text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("TLS handshake error from 127.0.0.1:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line per client and reason: {log}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("invalid peer certificate: UnknownIssuer"),
+        "the line gives rustls's reason: {}",
+        lines[0]
+    );
+}
+
 async fn without_a_client_ca_client_certificates_are_not_requested(engine: IoEngine) {
     let dir = tempfile::tempdir().unwrap();
     let server_ca = ca("server-ca");
@@ -1112,8 +1207,10 @@ async fn curl_trusts_the_generated_certificate(engine: IoEngine) {
         .output()
         .is_err()
     {
-        assert!(std::env::var_os("CI").is_none(), "curl is missing in CI");
-        println!("SKIP: curl is not installed");
+        crate::testing::skip(
+            "curl_trusts_the_generated_certificate",
+            "curl is not installed",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -1185,6 +1282,7 @@ on_both_engines! {
         min_version_13_refuses_a_tls12_client,
         cipher_suites_restrict_tls12_and_leave_tls13_on,
         client_certificates_are_verified_and_handed_to_requests,
+        a_refused_client_certificate_is_logged_with_its_reason_and_counted,
         without_a_client_ca_client_certificates_are_not_requested,
         upgraded_connections_pass_through_tls,
         a_response_over_a_mebibyte_arrives_whole_over_tls,
