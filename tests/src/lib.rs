@@ -39,6 +39,25 @@ pub fn lab_containerd() -> daemon::Daemon {
     daemon::Daemon::new("containerd", LAB_DIR)
 }
 
+/// Starts the lab's containerd again with the command line it ran with (read before a test
+/// stopped it), and waits until it answers.
+pub fn restart_lab_containerd(containerd: &daemon::Daemon, command_line: &[String]) -> Result<()> {
+    let (binary, args) = command_line
+        .split_first()
+        .context("containerd's command line is empty")?;
+    containerd.start(
+        Path::new(binary),
+        args,
+        || {
+            Command::new("ctr")
+                .args(["--address", CONTAINERD_SOCKET, "version"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        },
+        Duration::from_secs(30),
+    )
+}
+
 /// Whether the privileged suite can run here; `None` when it can, else why not.
 fn missing_prerequisite() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.

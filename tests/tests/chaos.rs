@@ -6,13 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use ringlet_tests::{
-    Agent, AgentOptions, CONTAINERD_SOCKET, busybox_pod, container_labels, container_status,
-    containers_of_node, http_get, lab_containerd, phase, require_lab, task, wait_for,
+    Agent, AgentOptions, busybox_pod, container_labels, container_status, containers_of_node,
+    http_get, lab_containerd, phase, require_lab, restart_lab_containerd, task, wait_for,
 };
 use serde_json::Value;
 
@@ -267,17 +266,7 @@ fn containerd_stopped_for_twenty_seconds_under_the_agent_loses_and_doubles_nothi
     std::thread::sleep(Duration::from_secs(20));
     let answered_meanwhile = http_get(agent.healthz_port, "/healthz");
     // Started again whatever happened, so a failure here does not leave the lab broken.
-    containerd.start(
-        Path::new(&command_line[0]),
-        &command_line[1..],
-        || {
-            Command::new("ctr")
-                .args(["--address", CONTAINERD_SOCKET, "version"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        },
-        Duration::from_secs(30),
-    )?;
+    restart_lab_containerd(&containerd, &command_line)?;
     if !killed {
         bail!("could not kill the victim's process {victim_pid}");
     }

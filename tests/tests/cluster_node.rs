@@ -14,7 +14,7 @@ use ringlet_tests::cluster_node::{
 };
 use ringlet_tests::{
     CONTAINERD_SOCKET, container_labels, container_status, containers_of_namespace, lab_containerd,
-    phase, require_lab, wait_for,
+    phase, require_lab, restart_lab_containerd, task_running, wait_for,
 };
 use serde_json::Value;
 
@@ -220,17 +220,7 @@ fn a_node_is_not_ready_while_its_runtime_is_down() -> Result<()> {
         (ready["status"] == "False").then(|| ready.clone())
     });
     // Started again whatever the wait found, so a failure here does not leave the lab broken.
-    containerd.start(
-        std::path::Path::new(&command_line[0]),
-        &command_line[1..],
-        || {
-            Command::new("ctr")
-                .args(["--address", CONTAINERD_SOCKET, "version"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        },
-        Duration::from_secs(30),
-    )?;
+    restart_lab_containerd(&containerd, &command_line)?;
     let not_ready = not_ready?;
     assert_eq!(not_ready["reason"], "KubeletNotReady");
     let message = not_ready["message"].as_str().unwrap_or_default();
@@ -284,7 +274,9 @@ fn api_pods_run_report_their_status_and_stop_when_deleted() -> Result<()> {
     .with_context(|| ringlet_tests::tail(&node.agent().log(), 40))?;
     wait_for("the pod's containers to be stopped", START, || {
         let ids = containers_of_namespace(&node.namespace).ok()?;
-        ids.iter().all(|id| !task_running(id)).then_some(())
+        ids.iter()
+            .all(|id| task_running(id).is_ok_and(|running| !running))
+            .then_some(())
     })?;
     Ok(())
 }
@@ -677,7 +669,7 @@ fn a_killed_agent_adopts_its_containers_after_a_restart() -> Result<()> {
         let running = left
             .iter()
             .filter(|id| pod_uid_of(id).is_ok_and(|uid| uid == doomed_uid))
-            .any(|id| task_running(id));
+            .any(|id| task_running(id).unwrap_or(false));
         (!running).then_some(())
     })?;
     // The restarted agent sees the same pod running and changes nothing.
@@ -744,25 +736,6 @@ fn pod_uid_of(id: &str) -> Result<String> {
         .as_str()
         .map(str::to_owned)
         .context("no pod uid label")
-}
-
-/// Whether the container's task runs.
-fn task_running(id: &str) -> bool {
-    Command::new("ctr")
-        .args([
-            "--address",
-            CONTAINERD_SOCKET,
-            "-n",
-            "k8s.io",
-            "tasks",
-            "ls",
-        ])
-        .output()
-        .is_ok_and(|out| {
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .any(|line| line.starts_with(id) && line.contains("RUNNING"))
-        })
 }
 
 #[test]
