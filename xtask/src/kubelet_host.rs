@@ -95,6 +95,12 @@ volumePluginDir: {volume_plugins}
 # There is no registry: an image the GC removed could not be pulled again.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# Nor must its eviction manager reclaim them: with the disk of a build machine below its default
+# 15 % imagefs threshold it deletes every unused image (a run lost busybox and pause that way).
+evictionHard:
+  imagefs.available: \"1%\"
+  nodefs.available: \"1%\"
+  memory.available: \"100Mi\"
 ",
             socket = ringlet_tests::CONTAINERD_SOCKET,
             manifests = manifests.display(),
