@@ -221,9 +221,10 @@ fn the_agent_killed_twenty_times_while_pods_churn_loses_and_doubles_nothing() ->
             "{name} runs the container it ran before the kills"
         );
     }
-    for name in &crashing {
-        assert_eq!(restart_count(&settled[name]), 0, "{name} never ran twice");
-    }
+    // A crash pod's count of starts is not asserted: an agent killed between CreateContainer and
+    // StartContainer leaves a container that never ran, which the next agent replaces (the
+    // kubelet's rule for a container in the created state), so even a `Never` pod may show one
+    // restart. Its exit is asserted above: Failed with exit code 3.
     let containers = wait_for("the removed pods' containers to go", SETTLE, || {
         let containers = containers_by_pod(&agent.node).ok()?;
         removed
