@@ -678,19 +678,18 @@ pub fn containers_of_namespace(namespace: &str) -> Result<Vec<String>> {
     containers_labelled(|labels| labels["io.kubernetes.pod.namespace"] == namespace)
 }
 
+/// `ctr` on the lab's containerd in the CRI plugin's namespace (`k8s.io`), run to completion.
+fn k8s_ctr(args: &[&str]) -> std::io::Result<std::process::Output> {
+    Command::new("ctr")
+        .args(["--address", CONTAINERD_SOCKET, "-n", "k8s.io"])
+        .args(args)
+        .output()
+}
+
 /// Containerd's task (the container's process) of container `id`: its pid and status
 /// (`RUNNING`, `STOPPED`, …), or `None` when it has none.
 pub fn task(id: &str) -> Result<Option<(u32, String)>> {
-    let out = Command::new("ctr")
-        .args([
-            "--address",
-            CONTAINERD_SOCKET,
-            "-n",
-            "k8s.io",
-            "tasks",
-            "ls",
-        ])
-        .output()?;
+    let out = k8s_ctr(&["tasks", "ls"])?;
     if !out.status.success() {
         bail!("ctr tasks ls failed");
     }
@@ -713,17 +712,7 @@ pub fn task_running(id: &str) -> Result<bool> {
 
 /// The labels containerd keeps on container `id` (`io.kubernetes.pod.uid`, `…pod.name`, …).
 pub fn container_labels(id: &str) -> Result<Value> {
-    let info = Command::new("ctr")
-        .args([
-            "--address",
-            CONTAINERD_SOCKET,
-            "-n",
-            "k8s.io",
-            "containers",
-            "info",
-            id,
-        ])
-        .output()?;
+    let info = k8s_ctr(&["containers", "info", id])?;
     let info: Value = serde_json::from_slice(&info.stdout)
         .with_context(|| format!("`ctr containers info {id}` printed no JSON"))?;
     Ok(info["Labels"].clone())
@@ -731,17 +720,7 @@ pub fn container_labels(id: &str) -> Result<Value> {
 
 /// Ids of the containerd containers whose labels `wanted` accepts.
 fn containers_labelled(wanted: impl Fn(&Value) -> bool) -> Result<Vec<String>> {
-    let out = Command::new("ctr")
-        .args([
-            "--address",
-            CONTAINERD_SOCKET,
-            "-n",
-            "k8s.io",
-            "containers",
-            "ls",
-            "--quiet",
-        ])
-        .output()?;
+    let out = k8s_ctr(&["containers", "ls", "--quiet"])?;
     if !out.status.success() {
         bail!("ctr containers ls failed");
     }
