@@ -117,17 +117,45 @@ fn skip_unless(test: &str, missing: Option<String>) -> bool {
     }
 }
 
+/// The variables cargo sets for the crate it runs (a test binary, `cargo run -p xtask`), not for
+/// the user: `CARGO_MANIFEST_DIR`, `CARGO_PKG_*` and the like.
+fn set_by_cargo_for_its_crate(name: &str) -> bool {
+    const PREFIXES: [&str; 2] = ["CARGO_PKG_", "CARGO_MANIFEST_"];
+    const NAMES: [&str; 6] = [
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    PREFIXES.iter().any(|prefix| name.starts_with(prefix)) || NAMES.contains(&name)
+}
+
+/// A `cargo` command (the one running us, else from `PATH`) without the variables cargo set for
+/// the crate it runs. Build scripts (ring's among them) rerun when one of those changes, so a
+/// build started from a test or from xtask would otherwise rebuild ring, rustls, kube and ringlet,
+/// and the next build from a shell would rebuild them again.
+pub fn cargo_command() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_its_crate) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
 /// Path of the `ringlet` binary, built once per test process.
 pub fn ringlet_binary() -> Result<PathBuf> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
             let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .parent()
                 .ok_or("tests/ has no parent")?
                 .to_path_buf();
-            let status = Command::new(cargo)
+            let status = cargo_command()
                 .args(["build", "--quiet", "-p", "ringlet", "--bin", "ringlet"])
                 .current_dir(&workspace)
                 .status()

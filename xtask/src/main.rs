@@ -128,7 +128,8 @@ fn workspace_root() -> PathBuf {
         .map_or_else(|| manifest_dir.clone(), PathBuf::from)
 }
 
-/// The cargo that runs us, so nested builds use the same toolchain.
+/// The cargo that runs us, so nested builds use the same toolchain, without the variables
+/// `cargo run` set for xtask (see [`ringlet_tests::cargo_command`]).
 fn cargo() -> std::process::Command {
-    std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    ringlet_tests::cargo_command()
 }
