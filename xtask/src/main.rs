@@ -10,6 +10,7 @@ mod cmd;
 mod compare_bench;
 mod demo;
 mod exit_chain;
+mod fuzz;
 mod http;
 mod io_bench;
 mod kubelet_host;
@@ -48,6 +49,9 @@ enum Command {
     Demo,
     /// Run the unit and component tests, then the privileged suite against the lab.
     Test,
+    /// Run one target's property tests over and over with fresh seeds (the long form of the fuzzing
+    /// that `cargo test` does with a fixed number of cases).
+    Fuzz(fuzz::FuzzArgs),
     /// Run a benchmark and write its results under bench/results/.
     Bench {
         #[command(subcommand)]
@@ -108,6 +112,7 @@ fn main() -> Result<()> {
         },
         Command::Demo => demo::run(),
         Command::Test => test::run(),
+        Command::Fuzz(args) => fuzz::fuzz(&args),
         Command::Bench { bench } => match bench {
             Bench::Startup(args) => bench::startup(&args),
             Bench::Pleg(args) => pleg_bench::pleg(&args),

@@ -658,6 +658,9 @@ where
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use std::fmt::Write as _;
     use std::io::Write as _;

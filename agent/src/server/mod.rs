@@ -205,4 +205,6 @@ pub async fn serve_api(
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
