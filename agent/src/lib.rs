@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod nodelease;
 pub mod nodestatus;
 pub mod objects;
+pub mod observe;
 pub mod pleg;
 pub mod pod;
 pub mod pod_workers;

@@ -31,6 +31,7 @@ use ringlet::kubelet::{
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
 use ringlet::objects::ApiObjects;
+use ringlet::observe;
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::prober::ProbeResults;
 use ringlet::server::auth::{AuthSettings, AuthorizationMode, KubeletAuth};
@@ -48,6 +49,15 @@ fn main() -> ExitCode {
         .is_some_and(|arg| arg == "events")
     {
         return cli::run_events(cli::EventsArgs::parse_from(std::env::args_os().skip(1)));
+    }
+    // `ringlet observe` measures a kubelet that runs the pods: none of the agent's flags apply.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == "observe")
+    {
+        let args = observe::ObserveArgs::parse_from(std::env::args_os().skip(1));
+        init_logging(args.verbosity);
+        return observe::run(args);
     }
     let (config, warnings) = match config::load(std::env::args_os()) {
         Ok(loaded) => loaded,

@@ -22,6 +22,7 @@ use serde_json::Value;
 pub mod cluster;
 pub mod cluster_node;
 pub mod daemon;
+pub mod kubelet_host;
 pub mod node_lock;
 
 pub use cluster::{Cluster, require_cluster};

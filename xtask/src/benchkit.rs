@@ -280,22 +280,7 @@ pub fn machine() -> Result<Machine> {
     })
 }
 
-/// Unmounts everything mounted at or below `dir`, deepest first (the upstream kubelet bind-mounts
-/// its root dir onto itself, shared, and leaves it), so a removal never reaches into a mount.
-pub fn unmount_below(dir: &Path) -> Result<()> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
-    let mut mounts: Vec<&str> = mountinfo
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4))
-        .filter(|m| Path::new(m).starts_with(dir))
-        .collect();
-    // Deepest first; a point mounted twice is listed twice and unmounted twice.
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for mount in mounts {
-        cmd::run(Command::new("umount").arg(mount))?;
-    }
-    Ok(())
-}
+pub use ringlet_tests::kubelet_host::unmount_below;
 
 /// An empty `<lab>/bench/<name>` with `manifests/` and `root/` in it (what an earlier run left is
 /// unmounted and removed): returns the run, manifest and root directories.

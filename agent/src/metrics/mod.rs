@@ -40,7 +40,7 @@ const POD_START_BUCKETS: &[f64] = &[
 /// short). The eBPF PLEG's latencies span that whole range (tens of microseconds kernel → event,
 /// seconds for a lagging runtime), and only buckets of a constant ratio resolve each part of it
 /// equally: a quantile interpolated within one is off by less than the ratio, 1.78×, at any scale.
-const LATENCY_BUCKETS: &[f64] = &[
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
     1e-5, 1.78e-5, 3.16e-5, 5.62e-5, 1e-4, 1.78e-4, 3.16e-4, 5.62e-4, 1e-3, 1.78e-3, 3.16e-3,
     5.62e-3, 1e-2, 1.78e-2, 3.16e-2, 5.62e-2, 1e-1, 1.78e-1, 3.16e-1, 5.62e-1, 1.0, 1.78, 3.16,
     5.62, 10.0,
@@ -293,7 +293,7 @@ impl std::fmt::Debug for Metrics {
 }
 
 /// Registers one metric (created from this module's constant definitions) in `registry`.
-fn register<M>(
+pub(crate) fn register<M>(
     registry: &Registry,
     name: &str,
     metric: prometheus::Result<M>,

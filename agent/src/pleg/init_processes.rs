@@ -28,7 +28,7 @@ enum Init {
 /// The registry the PLEG keeps. Cloneable; clones share the state (the reads that fill it run
 /// beside the PLEG).
 #[derive(Clone, Debug, Default)]
-pub(super) struct InitProcesses {
+pub(crate) struct InitProcesses {
     inits: Arc<Mutex<HashMap<ContainerId, Init>>>,
 }
 
@@ -39,7 +39,7 @@ impl InitProcesses {
 
     /// Of `ids`, the containers whose init nobody asked the runtime for yet; they count as being
     /// asked from now on.
-    pub(super) fn to_ask(&self, ids: impl IntoIterator<Item = ContainerId>) -> Vec<ContainerId> {
+    pub(crate) fn to_ask(&self, ids: impl IntoIterator<Item = ContainerId>) -> Vec<ContainerId> {
         let mut inits = self.lock();
         ids.into_iter()
             .filter(|id| {
@@ -53,23 +53,23 @@ impl InitProcesses {
     }
 
     /// The runtime reported `id`'s init pid (`None`: it did not say).
-    pub(super) fn reported(&self, id: &ContainerId, pid: Option<u32>) {
+    pub(crate) fn reported(&self, id: &ContainerId, pid: Option<u32>) {
         let init = pid.filter(|p| *p > 0).map_or(Init::Unreported, Init::Known);
         self.lock().insert(id.clone(), init);
     }
 
     /// Asking the runtime about `id` failed: a later read asks again.
-    pub(super) fn ask_again(&self, id: &ContainerId) {
+    pub(crate) fn ask_again(&self, id: &ContainerId) {
         self.lock().remove(id);
     }
 
     /// Whether the process `tgid` is proven to be `id`'s init.
-    pub(super) fn is_init(&self, id: &ContainerId, tgid: u32) -> bool {
+    pub(crate) fn is_init(&self, id: &ContainerId, tgid: u32) -> bool {
         self.lock().get(id) == Some(&Init::Known(tgid))
     }
 
     /// Forgets every container `keep` rejects (gone from the runtime).
-    pub(super) fn retain(&self, keep: impl Fn(&ContainerId) -> bool) {
+    pub(crate) fn retain(&self, keep: impl Fn(&ContainerId) -> bool) {
         self.lock().retain(|id, _| keep(id));
     }
 }

@@ -82,10 +82,7 @@ impl KernelExits {
         else {
             return false;
         };
-        let exit_code = match hint.signal {
-            Some(signal) => 128 + signal,
-            None => hint.exit_code.unwrap_or_default(),
-        };
+        let exit_code = runtime_exit_code(hint);
         let reason = if self.oom_victims.remove(id).is_some() {
             "OOMKilled"
         } else if exit_code == 0 {
@@ -181,6 +178,14 @@ impl KernelExits {
     pub(super) fn expire_oom_facts(&mut self, now: Instant) {
         self.oom_victims
             .retain(|_, at| now.saturating_duration_since(*at) < OOM_FACT_TTL);
+    }
+}
+
+/// The exit code of a `Died` hint as runtimes report it: the code, or `128 + signal`.
+pub(crate) fn runtime_exit_code(hint: &PodHint) -> i32 {
+    match hint.signal {
+        Some(signal) => 128 + signal,
+        None => hint.exit_code.unwrap_or_default(),
     }
 }
 

@@ -23,6 +23,8 @@ pub use health::PlegHandle;
 pub use hints::{
     Hint, HintChannel, HintKind, HintSourceCheck, PlegHints, PodHint, RefreshRequester, Refreshes,
 };
+pub(crate) use init_processes::InitProcesses;
+pub(crate) use kernel_exits::runtime_exit_code;
 pub use latency::{LatencyTracker, monotonic_now_ns};
 
 use std::time::Duration;

@@ -1,0 +1,323 @@
+//! The kubelet's status lag: for each container exit the kernel reported, the time from the kernel's
+//! timestamp until a source shows the kubelet reporting it. One [`LagTracker`] per source keeps the
+//! exits that source has not reported yet; the source hands it every pod it reads, and the tracker
+//! settles the exits those pods report ([`reports_exit`]: the pure part), observes their lag and
+//! gives up on exits older than the bound.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use tokio::sync::Notify;
+
+use super::args::SourceKind;
+use super::containers::ContainerInfo;
+use super::metrics::ObserveMetrics;
+use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
+
+/// The annotation a mirror pod carries with its static pod's uid (which the cgroups are named by).
+const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// A container exit the kernel reported and a source has yet to show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingExit {
+    pub container: ContainerInfo,
+    pub exit_code: i32,
+    /// `CLOCK_MONOTONIC` ns of the exit, the kernel's timestamp.
+    pub kernel_time_ns: u64,
+}
+
+/// Whether `pod` shows the kubelet reporting `exit`: the pod is the exit's (by uid, or for a mirror
+/// pod by its static pod's uid) and one of its container statuses of that name either is the
+/// container, terminated, or has it as its last, terminated, state (the kubelet restarted it).
+pub fn reports_exit(pod: &Pod, exit: &PendingExit) -> bool {
+    let uid = exit.container.pod_uid.as_str();
+    let same_pod = pod.metadata.uid.as_deref() == Some(uid)
+        || pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(MIRROR_ANNOTATION))
+            .is_some_and(|mirror| mirror == uid);
+    if !same_pod {
+        return false;
+    }
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    let id = exit.container.id.as_str();
+    [
+        &status.container_statuses,
+        &status.init_container_statuses,
+        &status.ephemeral_container_statuses,
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .filter(|c| c.name == exit.container.container_name)
+    .any(|c| shows_terminated(c, id))
+}
+
+fn shows_terminated(status: &ContainerStatus, id: &str) -> bool {
+    let current = status
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .is_some()
+        && status.container_id.as_deref().is_some_and(|c| names(c, id));
+    let last = status
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.container_id.as_deref())
+        .is_some_and(|c| names(c, id));
+    current || last
+}
+
+/// Whether a status's `containerID` (`<runtime>://<id>`) names container `id`.
+fn names(container_id: &str, id: &str) -> bool {
+    container_id
+        .rsplit_once("://")
+        .map_or(container_id, |(_, bare)| bare)
+        == id
+}
+
+/// One source's exits waiting to be reported, and what settles them.
+pub struct LagTracker {
+    source: SourceKind,
+    pending: Mutex<Vec<PendingExit>>,
+    wake: Notify,
+    give_up_after: Duration,
+    metrics: ObserveMetrics,
+    events: EventBroadcaster,
+}
+
+impl LagTracker {
+    pub fn new(
+        source: SourceKind,
+        give_up_after: Duration,
+        metrics: ObserveMetrics,
+        events: EventBroadcaster,
+    ) -> Self {
+        Self {
+            source,
+            pending: Mutex::default(),
+            wake: Notify::new(),
+            give_up_after,
+            metrics,
+            events,
+        }
+    }
+
+    pub fn source(&self) -> SourceKind {
+        self.source
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<PendingExit>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts waiting for the kubelet to report `exit`.
+    pub fn exited(&self, exit: PendingExit) {
+        let count = {
+            let mut pending = self.pending();
+            pending.push(exit);
+            pending.len()
+        };
+        self.metrics.set_pending(self.source, count);
+        self.wake.notify_one();
+    }
+
+    /// Counts a failed read of the source.
+    pub fn count_error(&self) {
+        self.metrics.source_error(self.source);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.pending().is_empty()
+    }
+
+    /// Returns once an exit waits (at once if one does).
+    pub async fn wait_for_exits(&self) {
+        loop {
+            let notified = self.wake.notified();
+            if !self.is_idle() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Settles the pending exits that `pods`, read at `seen_at_ns` (`CLOCK_MONOTONIC`), report, and
+    /// gives up on those older than the bound. Returns the settled exits with their lag.
+    pub fn settle<'a>(
+        &self,
+        pods: impl IntoIterator<Item = &'a Pod>,
+        seen_at_ns: u64,
+    ) -> Vec<(PendingExit, Duration)> {
+        let pods: Vec<&Pod> = pods.into_iter().collect();
+        let (settled, gave_up, left) = {
+            let mut pending = self.pending();
+            let mut settled = Vec::new();
+            let mut gave_up = Vec::new();
+            pending.retain(|exit| {
+                let lag = Duration::from_nanos(seen_at_ns.saturating_sub(exit.kernel_time_ns));
+                if pods.iter().any(|pod| reports_exit(pod, exit)) {
+                    settled.push((exit.clone(), lag));
+                    false
+                } else if lag >= self.give_up_after {
+                    gave_up.push(exit.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            (settled, gave_up, pending.len())
+        };
+        self.metrics.set_pending(self.source, left);
+        for exit in &gave_up {
+            tracing::warn!(source = self.source.label(), container = %exit.container.id,
+                pod = %format_args!("{}/{}", exit.container.namespace, exit.container.pod_name),
+                "the kubelet did not report a container exit within {:?}; giving up on it",
+                self.give_up_after);
+        }
+        if !gave_up.is_empty() {
+            self.metrics.gave_up(
+                self.source,
+                u64::try_from(gave_up.len()).unwrap_or(u64::MAX),
+            );
+        }
+        for (exit, lag) in &settled {
+            self.metrics.observe_lag(self.source, *lag);
+            // One line per measurement, so a run can be checked against an outside measurement.
+            tracing::info!(source = self.source.label(), container_id = %exit.container.id,
+                pod = %format_args!("{}/{}", exit.container.namespace, exit.container.pod_name),
+                container = %exit.container.container_name,
+                lag_us = lag.as_micros(),
+                "observed kubelet status lag");
+            self.events.publish(LifecycleRecord {
+                pod_uid: exit.container.pod_uid.clone(),
+                namespace: exit.container.namespace.clone(),
+                pod_name: exit.container.pod_name.clone(),
+                container_name: exit.container.container_name.clone(),
+                container_id: Some(exit.container.id.clone()),
+                kind: LifecycleKind::StatusUpdated,
+                exit_code: Some(exit.exit_code),
+                kernel_to_event: Some(*lag),
+                observed_at: SystemTime::now(),
+            });
+        }
+        settled
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::container::{ContainerId, PodUid};
+
+    fn exit(id: &str) -> PendingExit {
+        PendingExit {
+            container: ContainerInfo {
+                id: ContainerId::new(id),
+                pod_uid: PodUid::new("uid-1"),
+                namespace: "default".to_owned(),
+                pod_name: "web".to_owned(),
+                container_name: "main".to_owned(),
+            },
+            exit_code: 137,
+            kernel_time_ns: 1_000_000_000,
+        }
+    }
+
+    #[allow(
+        clippy::needless_pass_by_value,
+        reason = "callers build the value inline"
+    )]
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "uid-1"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_running_container_is_not_reported() {
+        let pod = pod(json!({"containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
+            "containerID": "containerd://aaa", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        }]}));
+        assert!(!reports_exit(&pod, &exit("aaa")));
+    }
+
+    #[test]
+    fn a_terminated_state_or_a_restart_reports_the_exit() {
+        let terminated = pod(json!({"containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+            "containerID": "containerd://aaa", "state": {"terminated": {"exitCode": 137}}
+        }]}));
+        assert!(reports_exit(&terminated, &exit("aaa")));
+        assert!(
+            !reports_exit(&terminated, &exit("bbb")),
+            "another container's id"
+        );
+        let restarted = pod(json!({"containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": true, "restartCount": 1,
+            "containerID": "containerd://bbb", "state": {"running": {}},
+            "lastState": {"terminated": {"exitCode": 137, "containerID": "containerd://aaa"}}
+        }]}));
+        assert!(reports_exit(&restarted, &exit("aaa")));
+        assert!(!reports_exit(&restarted, &exit("bbb")));
+    }
+
+    #[test]
+    fn a_mirror_pod_answers_for_its_static_pod() {
+        let mut mirror = pod(json!({"initContainerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+            "containerID": "containerd://aaa", "state": {"terminated": {"exitCode": 0}}
+        }]}));
+        mirror.metadata.uid = Some("api-uid".to_owned());
+        assert!(!reports_exit(&mirror, &exit("aaa")));
+        mirror.metadata.annotations = Some(
+            [(MIRROR_ANNOTATION.to_owned(), "uid-1".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        assert!(reports_exit(&mirror, &exit("aaa")));
+    }
+
+    #[tokio::test]
+    async fn settling_observes_the_lag_and_old_exits_are_given_up() {
+        let metrics = ObserveMetrics::new(&[SourceKind::KubeletPods]).unwrap();
+        let tracker = LagTracker::new(
+            SourceKind::KubeletPods,
+            Duration::from_mins(1),
+            metrics.clone(),
+            EventBroadcaster::default(),
+        );
+        tracker.exited(exit("aaa"));
+        tracker.exited(exit("ccc"));
+        tracker.wait_for_exits().await;
+        let reported = pod(json!({"containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+            "containerID": "containerd://aaa", "state": {"terminated": {"exitCode": 137}}
+        }]}));
+        let settled = tracker.settle([&reported], 1_025_000_000);
+        assert_eq!(settled.len(), 1);
+        assert_eq!(settled[0].1, Duration::from_millis(25));
+        assert!(!tracker.is_idle());
+        assert!(tracker.settle([], 61_000_000_000).is_empty());
+        assert!(tracker.is_idle(), "ccc was given up on");
+        let text = metrics.render().unwrap();
+        assert!(text.contains(
+            "ringlet_observed_kubelet_status_lag_seconds_count{source=\"kubelet_pods\"} 1"
+        ));
+        assert!(text.contains(
+            "ringlet_observed_kubelet_status_lag_timeouts_total{source=\"kubelet_pods\"} 1"
+        ));
+    }
+}
