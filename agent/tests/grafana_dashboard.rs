@@ -11,17 +11,13 @@ use anyhow::{Context, Result};
 use promql_parser::parser::{self, Expr};
 use promql_parser::util::{ExprVisitor, walk_expr};
 use ringlet::metrics::Metrics;
+use ringlet::observe::{ObserveMetrics, SourceKind};
 use serde_json::{Value, json};
 
 const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../deploy/grafana/ringlet.json"
 );
-
-/// The histograms `ringlet observe` exports beside the agent's registry (issue 15 §3). They are not
-/// in this branch's code yet: once observe mode's registry exists, read its names from it here
-/// instead of this list.
-const OBSERVE_MODE_HISTOGRAMS: &[&str] = &["ringlet_observed_kubelet_status_lag_seconds"];
 
 /// The metrics the dashboard must show (issue 15 §4): PLEG latency, relists by type, hints by kind,
 /// ring buffer drops, runtime lag, pods and containers running, and the observed kubelet lag.
@@ -49,22 +45,24 @@ const INTERVAL_VARIABLES: &[&str] = &[
 ];
 
 /// The series names a query may select: every metric of the agent's registries (a histogram as
-/// its `_bucket`, `_sum` and `_count` series) and observe mode's histograms.
+/// its `_bucket`, `_sum` and `_count` series) and of observe mode's registry.
 fn exported_series() -> Result<BTreeSet<String>> {
     let metrics = Metrics::new().context("registering the agent's metrics")?;
+    let observe = ObserveMetrics::new(&[SourceKind::KubeletPods, SourceKind::Apiserver])
+        .context("registering observe mode's metrics")?;
     let text = metrics.render().context("rendering the agent's metrics")?
         + &metrics
             .render_probes()
-            .context("rendering the probe metrics")?;
+            .context("rendering the probe metrics")?
+        + &observe
+            .render()
+            .context("rendering observe mode's metrics")?;
     let families = text.lines().filter_map(|line| {
         let mut words = line.strip_prefix("# TYPE ")?.split_whitespace();
         Some((words.next()?.to_owned(), words.next()?.to_owned()))
     });
-    let observe = OBSERVE_MODE_HISTOGRAMS
-        .iter()
-        .map(|name| ((*name).to_owned(), "histogram".to_owned()));
     let mut series = BTreeSet::new();
-    for (name, kind) in families.chain(observe) {
+    for (name, kind) in families {
         match kind.as_str() {
             "histogram" => series.extend(
                 ["_bucket", "_sum", "_count"]

@@ -27,11 +27,11 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 pub use args::{ObserveArgs, SourceKind};
+pub use metrics::ObserveMetrics;
 
 use self::containers::{ContainerInfo, Containers};
 use self::health::Health;
 use self::lag::{LagTracker, PendingExit};
-use self::metrics::ObserveMetrics;
 use crate::apis::config::CgroupDriver;
 use crate::cm::{CmError, PodContainerManager};
 use crate::ebpf::{self, EbpfError, EbpfOptions};
