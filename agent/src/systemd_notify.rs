@@ -1,6 +1,7 @@
 //! The service manager's notification protocol (`sd_notify(3)`) for `Type=notify` units: `READY=1`
-//! once the first relist succeeded (the servers are bound before this starts), `WATCHDOG=1` every
-//! half `WATCHDOG_USEC` while every `/healthz` check passes, `STOPPING=1` on shutdown, and `STATUS=`
+//! once the first relist succeeded and every `/healthz` check passes (the sync loop went round; the
+//! servers are bound before this starts), `WATCHDOG=1` every half `WATCHDOG_USEC` while every
+//! `/healthz` check passes, `STOPPING=1` on shutdown, and `STATUS=`
 //! lines saying which. Without `NOTIFY_SOCKET` (not started by systemd) nothing is sent.
 
 use std::sync::Arc;
@@ -28,7 +29,10 @@ impl Notifier {
         let watchdog = sd_notify::watchdog_enabled();
         let ready_host = Arc::clone(&host);
         let task = tokio::spawn(notify_loop(
-            move || ready_host.pleg.last_relist().is_some(),
+            move || {
+                ready_host.pleg.last_relist().is_some()
+                    && verdict(&ready_host.health_checks()).is_ok()
+            },
             move || verdict(&host.health_checks()),
             watchdog,
             send,

@@ -25,11 +25,14 @@ const UNIT: &str = "deploy/systemd/ringlet.service";
 const WATCHDOG: Duration = Duration::from_secs(2);
 /// Upper bound for the agent or a pod to come up on this machine.
 const START: Duration = Duration::from_mins(1);
-/// The test's `KubeletConfiguration`: a 1 s resync makes the sync-loop health threshold its 10 s floor.
+/// The test's `KubeletConfiguration`: a 1 s resync makes the sync-loop health threshold its 10 s
+/// floor; a 1 s full relist retries the first relist (which fails while containerd is down) at
+/// once instead of after the 60 s safety period of ebpf mode.
 const CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 syncFrequency: 1s
 plegMode: ebpf
+plegRelistPeriod: 1s
 ";
 
 /// The settings of the unit file the test acts on.
@@ -267,6 +270,8 @@ fn the_unit_notifies_ready_watchdog_and_stopping_and_runs_pods_with_its_capabili
     let config = dir.path().join("config.yaml");
     fs::write(&config, CONFIG)?;
     let notify = NotifySocket::bind(dir.path())?;
+    let started = Instant::now();
+    let phase = |what: &str| eprintln!("{:>6.1?} {what}", started.elapsed());
 
     // Started while containerd is down: the servers listen, but no relist can succeed, so no READY.
     let mut containerd = ContainerdStopped::stop()?;
@@ -295,12 +300,15 @@ fn the_unit_notifies_ready_watchdog_and_stopping_and_runs_pods_with_its_capabili
         "nothing before the first relist, got {early:?}"
     );
 
+    phase("agent started, containerd down");
     // containerd back: the first relist succeeds and READY=1 follows, then the watchdog pings.
     containerd.restart()?;
     let before_ready = notify.until("READY=1", START)?;
     assert!(before_ready.is_empty(), "{before_ready:?}");
     let (code, body) = http_get(agent.healthz_port, "/healthz/pleg")?;
     assert_eq!(code, 200, "READY=1 comes after a relist: {body}");
+    let (code, body) = http_get(agent.healthz_port, "/healthz")?;
+    assert_eq!(code, 200, "READY=1 comes with every check passing: {body}");
     let healthy = notify.during(WATCHDOG * 2);
     assert!(
         count(&healthy, "WATCHDOG=1") >= 2,
@@ -313,8 +321,10 @@ fn the_unit_notifies_ready_watchdog_and_stopping_and_runs_pods_with_its_capabili
         "the eBPF PLEG runs under the unit's capabilities: {verbose}"
     );
 
+    phase("READY=1 and pings");
     pod_volumes_are_mounted_and_removed(&agent)?;
 
+    phase("pod volumes");
     // containerd down again: the sync loop stops going round, /healthz fails, the pings stop.
     notify.drain();
     let mut containerd = ContainerdStopped::stop()?;
@@ -338,9 +348,11 @@ fn the_unit_notifies_ready_watchdog_and_stopping_and_runs_pods_with_its_capabili
         0,
         "no pings while unhealthy: {unhealthy:?}"
     );
+    phase("unhealthy, no pings");
     containerd.restart()?;
     notify.until("WATCHDOG=1", START)?;
 
+    phase("pings again");
     // SIGTERM: STOPPING=1 before the agent exits.
     notify.drain();
     assert!(agent.stop()?, "the agent exits cleanly on SIGTERM");
@@ -349,6 +361,7 @@ fn the_unit_notifies_ready_watchdog_and_stopping_and_runs_pods_with_its_capabili
         stopping.iter().any(|line| line == "STOPPING=1"),
         "STOPPING=1 before exit: {stopping:?}"
     );
+    phase("STOPPING=1");
     Ok(())
 }
 
