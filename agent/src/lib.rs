@@ -30,6 +30,7 @@ pub mod server;
 pub mod stats;
 pub mod status;
 pub mod supervise;
+pub mod systemd_notify;
 #[cfg(test)]
 mod testing;
 pub mod token;

@@ -37,6 +37,7 @@ use ringlet::prober::ProbeResults;
 use ringlet::server::auth::{AuthSettings, AuthorizationMode, KubeletAuth};
 use ringlet::server::{self, ApiServing, ServeLimits, ServingTls, TlsSettings};
 use ringlet::stats::{CgroupLayout, StatsProvider, StatsSettings};
+use ringlet::systemd_notify::Notifier;
 use tokio::sync::watch;
 
 /// The node's log directory, served under `/logs/` as the kubelet serves it.
@@ -198,9 +199,13 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         },
     )));
     tracing::info!(node = %config.node_name, "ringlet started");
+    let notifier = Notifier::start(Arc::clone(&host));
     tokio::select! {
         () = kubelet.run(updates, sources_ready) => {}
         () = termination_signal() => tracing::info!("shutting down; running containers are left alone"),
+    }
+    if let Some(notifier) = notifier {
+        notifier.stopping();
     }
     let _ = stop_servers.send(true);
     for server in servers {

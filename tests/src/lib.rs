@@ -105,6 +105,25 @@ pub fn require_ebpf_lab(test: &str) -> bool {
     skip_unless(test, missing)
 }
 
+/// [`require_lab`] plus the agent's image: built (its layout under [`image_dir`]) and imported.
+pub fn require_ringlet_image(test: &str) -> bool {
+    let missing = missing_prerequisite().or_else(|| {
+        let build = "run `cargo xtask image --import`";
+        if !image_dir().join("oci").join("index.json").is_file() {
+            return Some(format!(
+                "no image layout in {}: {build}",
+                image_dir().display()
+            ));
+        }
+        let listed = k8s_ctr(&["images", "ls", "--quiet"]).ok()?;
+        let imported = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .any(|name| name == RINGLET_IMAGE);
+        (!imported).then(|| format!("{RINGLET_IMAGE} is not in the lab's containerd: {build}"))
+    });
+    skip_unless(test, missing)
+}
+
 fn skip_unless(test: &str, missing: Option<String>) -> bool {
     match missing {
         None => true,
@@ -164,12 +183,31 @@ pub fn ringlet_binary() -> Result<PathBuf> {
             if !status.success() {
                 return Err("cargo build -p ringlet failed".to_owned());
             }
-            let target = std::env::var("CARGO_TARGET_DIR")
-                .map_or_else(|_| workspace.join("target"), PathBuf::from);
-            Ok(target.join("debug").join("ringlet"))
+            Ok(target_dir().join("debug").join("ringlet"))
         })
         .clone()
         .map_err(|e| anyhow!(e))
+}
+
+/// The workspace's target directory (`CARGO_TARGET_DIR` when set).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join("target")
+        },
+        PathBuf::from,
+    )
+}
+
+/// The agent's container image as `cargo xtask image` names it (and imports it into the lab).
+pub const RINGLET_IMAGE: &str = concat!("ghcr.io/ringlet/ringlet:", env!("CARGO_PKG_VERSION"));
+
+/// Where `cargo xtask image` writes the image: the OCI layout directory `oci/` and the tar
+/// `ringlet-image.tar` for `ctr images import`.
+pub fn image_dir() -> PathBuf {
+    target_dir().join("image")
 }
 
 /// A free TCP port on loopback (bound and released; the agent binds it right after).
@@ -708,7 +746,7 @@ pub fn containers_of_namespace(namespace: &str) -> Result<Vec<String>> {
 }
 
 /// `ctr` on the lab's containerd in the CRI plugin's namespace (`k8s.io`), run to completion.
-fn k8s_ctr(args: &[&str]) -> std::io::Result<std::process::Output> {
+pub fn k8s_ctr(args: &[&str]) -> std::io::Result<std::process::Output> {
     Command::new("ctr")
         .args(["--address", CONTAINERD_SOCKET, "-n", "k8s.io"])
         .args(args)

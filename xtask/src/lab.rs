@@ -1,6 +1,7 @@
 //! The lab: a real containerd with CRI on this machine, set up without systemd or a registry. `up`
-//! installs the packages, builds the busybox and pause images in Rust and imports them, writes the
-//! containerd and CNI configuration and starts containerd; every step is skipped when already done.
+//! installs the packages, builds the busybox and pause images in Rust and imports them (and the
+//! agent's image when `cargo xtask image` built it), writes the containerd and CNI configuration and
+//! starts containerd; every step is skipped when already done.
 
 use std::collections::HashMap;
 use std::fs;
@@ -76,6 +77,8 @@ pub fn up() -> Result<()> {
     let images = build_images()?;
     start_containerd(&config)?;
     import_images(&images)?;
+    // The agent's own image, when `cargo xtask image` built it (the tests of the image need it).
+    crate::image::import_if_built()?;
     println!("lab is up: containerd on {SOCKET}, lab files in {LAB_DIR}");
     Ok(())
 }
@@ -332,6 +335,7 @@ fn busybox_image() -> Result<oci::Archive> {
             entrypoint: None,
             cmd: Some(&["sh"]),
             env: &[PATH_ENV],
+            created_by: "cargo xtask lab up",
         },
     )
 }
@@ -363,6 +367,7 @@ fn pause_image() -> Result<oci::Archive> {
             entrypoint: Some(&["/pause"]),
             cmd: None,
             env: &[PATH_ENV],
+            created_by: "cargo xtask lab up",
         },
     )
 }
@@ -383,23 +388,28 @@ fn image_digests() -> Result<HashMap<String, String>> {
 }
 
 fn import_images(images: &[BuiltImage]) -> Result<()> {
-    let present = image_digests()?;
     for image in images {
-        let digest = &image.archive.manifest_digest;
-        if image
-            .refs
-            .iter()
-            .all(|r| present.get(*r).is_some_and(|d| d == digest))
-        {
-            println!("images: {} already imported", image.refs.join(", "));
-            continue;
-        }
         let file_name = image.refs[0].replace(['/', ':'], "_") + ".oci.tar";
         let path = lab_path("images").join(file_name);
         write_if_changed(&path, &image.archive.tar)?;
-        cmd::run(ctr().args(["images", "import"]).arg(&path))?;
-        println!("images: imported {}", image.refs.join(", "));
+        import_archive(&image.refs, &image.archive.manifest_digest, &path)?;
     }
+    Ok(())
+}
+
+/// Imports the image-layout tar at `path` into the lab's containerd unless every one of `refs`
+/// already names the manifest `digest`.
+pub fn import_archive(refs: &[&str], digest: &str, path: &Path) -> Result<()> {
+    let present = image_digests()?;
+    if refs
+        .iter()
+        .all(|r| present.get(*r).is_some_and(|d| d == digest))
+    {
+        println!("images: {} already imported", refs.join(", "));
+        return Ok(());
+    }
+    cmd::run(ctr().args(["images", "import"]).arg(path))?;
+    println!("images: imported {}", refs.join(", "));
     Ok(())
 }
 

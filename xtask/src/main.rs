@@ -1,6 +1,7 @@
 //! `cargo xtask`: ringlet's developer tasks. `lab` prepares a real containerd on this machine,
-//! `cluster` a real Kubernetes control plane on loopback, `demo` runs the agent on example static
-//! pods, `test` runs every test tier, `bench` measures the agent.
+//! `cluster` a real Kubernetes control plane on loopback, `image` builds the agent's container
+//! image, `demo` runs the agent on example static pods, `test` runs every test tier, `bench`
+//! measures the agent.
 
 mod bench;
 mod benchkit;
@@ -12,6 +13,7 @@ mod demo;
 mod exit_chain;
 mod fuzz;
 mod http;
+mod image;
 mod io_bench;
 mod kubelet_host;
 mod lab;
@@ -44,6 +46,12 @@ enum Command {
     Cluster {
         #[command(subcommand)]
         action: ClusterAction,
+    },
+    /// Build the agent's container image (static binary and CA bundle) under target/image/.
+    Image {
+        /// Also import it into the lab's containerd (namespace k8s.io).
+        #[arg(long)]
+        import: bool,
     },
     /// Set the lab up and run ringlet on the example static pods in the foreground.
     Demo,
@@ -110,6 +118,7 @@ fn main() -> Result<()> {
             ClusterAction::Down => cluster::down(),
             ClusterAction::Status => cluster::status(),
         },
+        Command::Image { import } => image::run(import),
         Command::Demo => demo::run(),
         Command::Test => test::run(),
         Command::Fuzz(args) => fuzz::fuzz(&args),

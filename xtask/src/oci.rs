@@ -1,8 +1,11 @@
-//! OCI image-layout archives built in memory, so the lab has images without any registry: one gzip
-//! layer, its config and manifest, and an `index.json` naming every tag through the
-//! `io.containerd.image.name` annotation that `ctr images import` reads.
+//! OCI image layouts built in memory, so the lab (and `cargo xtask image`) has images without any
+//! registry or docker: one gzip layer, its config and manifest, and an `index.json` naming every tag
+//! through the `io.containerd.image.name` annotation that `ctr images import` reads; written as a
+//! tar for `ctr images import` or as a layout directory.
 
+use std::fs;
 use std::io::Write;
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use flate2::{Compression, write::GzEncoder};
@@ -67,12 +70,35 @@ pub struct ImageSpec<'a> {
     pub entrypoint: Option<&'a [&'a str]>,
     pub cmd: Option<&'a [&'a str]>,
     pub env: &'a [&'a str],
+    /// The config's history entry: what made the image.
+    pub created_by: &'a str,
 }
 
-/// An image-layout tar ready for `ctr images import`, and the digest of its manifest.
+/// An image layout: its tar ready for `ctr images import`, the digest of its manifest, and its
+/// files (path in the layout, content) for [`Archive::write_layout`].
 pub struct Archive {
     pub tar: Vec<u8>,
     pub manifest_digest: String,
+    files: Vec<(String, Vec<u8>)>,
+}
+
+impl Archive {
+    /// Writes the layout as a directory (`oci-layout`, `index.json`, `blobs/sha256/…`) at `dir`,
+    /// replacing what was there.
+    pub fn write_layout(&self, dir: &Path) -> Result<()> {
+        if dir.exists() {
+            fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        for (path, data) in &self.files {
+            let path = dir.join(path);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            fs::write(&path, data).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
 }
 
 fn sha256(data: &[u8]) -> String {
@@ -111,7 +137,7 @@ pub fn build(layer: Layer, spec: &ImageSpec<'_>) -> Result<Archive> {
         "os": "linux",
         "config": config,
         "rootfs": { "type": "layers", "diff_ids": [sha256(&layer_tar)] },
-        "history": [{ "created_by": "cargo xtask lab up" }],
+        "history": [{ "created_by": spec.created_by }],
     }))?;
     let manifest_blob = serde_json::to_vec(&json!({
         "schemaVersion": 2,
@@ -138,19 +164,29 @@ pub fn build(layer: Layer, spec: &ImageSpec<'_>) -> Result<Archive> {
         "manifests": manifests,
     }))?;
 
+    let manifest_digest = sha256(&manifest_blob);
+    let mut files = vec![
+        (
+            "oci-layout".to_owned(),
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+        ),
+        ("index.json".to_owned(), index_blob),
+    ];
+    for blob in [layer_gz, config_blob, manifest_blob] {
+        let digest = sha256(&blob);
+        let hex = digest.trim_start_matches("sha256:");
+        files.push((format!("blobs/sha256/{hex}"), blob));
+    }
     let mut outer = Layer::new();
-    outer.file("oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    outer.file("index.json", 0o644, &index_blob)?;
     outer.dir("blobs/", 0o755)?;
     outer.dir("blobs/sha256/", 0o755)?;
-    for blob in [&layer_gz, &config_blob, &manifest_blob] {
-        let digest = sha256(blob);
-        let hex = digest.trim_start_matches("sha256:");
-        outer.file(&format!("blobs/sha256/{hex}"), 0o644, blob)?;
+    for (path, data) in &files {
+        outer.file(path, 0o644, data)?;
     }
     Ok(Archive {
         tar: outer.finish()?,
-        manifest_digest: sha256(&manifest_blob),
+        manifest_digest,
+        files,
     })
 }
 
@@ -191,6 +227,7 @@ mod tests {
             entrypoint: None,
             cmd: Some(&["sh"]),
             env: &["PATH=/bin"],
+            created_by: "test",
         };
         let archive = build(layer, &spec).unwrap();
         let files = entries(&archive.tar);
@@ -246,6 +283,7 @@ mod tests {
                 entrypoint: Some(&["/x"]),
                 cmd: None,
                 env: &[],
+                created_by: "test",
             };
             build(layer, &spec).unwrap().manifest_digest
         };

@@ -1,11 +1,12 @@
 //! `cargo xtask test`: the lints (`cargo fmt --check`, clippy with warnings as errors), the unit and
 //! component tiers, then the privileged tiers against the lab (the runtime manager's smoke tests on
-//! real containerd, and the end-to-end suite, which shares one control plane for the whole run).
+//! real containerd, the agent's container image, and the end-to-end suite, which shares one control
+//! plane for the whole run).
 //! Every tier always runs, so one failing tier still shows the others' results.
 
 use anyhow::{Result, bail};
 
-use crate::{cargo, cluster, lab, workspace_root};
+use crate::{cargo, cluster, image, lab, workspace_root};
 
 /// The end-to-end test files whose behaviour depends on the I/O engine: the engine's sockets under
 /// the kubelet API (TLS, exec and attach streams, log reads) and its selection and fallback.
@@ -62,6 +63,11 @@ pub fn run() -> Result<()> {
         .args(["--ignored", "--test-threads=1"])
         .status()?
         .success();
+    // The agent's image for the end-to-end test that runs it (a static release build).
+    println!("== container image");
+    let image = image::run(true)
+        .inspect_err(|err| println!("cargo xtask image failed: {err:#}"))
+        .is_ok();
     // Both I/O engines are first-class: the whole end-to-end suite runs on the default engine
     // (epoll), and the tests of what the engine carries (sockets, TLS, streams, file reads) run on
     // io_uring too.
@@ -89,7 +95,7 @@ pub fn run() -> Result<()> {
         uring.args(["--test", test]);
     }
     end_to_end &= uring.args(["--", "--test-threads=1"]).status()?.success();
-    let privileged = smoke && end_to_end;
+    let privileged = smoke && image && end_to_end;
 
     let verdict = |ok: bool| if ok { "passed" } else { "FAILED" };
     println!(
