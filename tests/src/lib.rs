@@ -201,6 +201,20 @@ pub fn target_dir() -> PathBuf {
     )
 }
 
+/// The target triple `cargo xtask image` builds the static binary for; with `--target` its output
+/// has a folder of its own, apart from the normal builds.
+pub fn image_target() -> String {
+    format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
+}
+
+/// The static release binary `cargo xtask image` builds and puts into the image.
+pub fn image_binary() -> PathBuf {
+    target_dir()
+        .join(image_target())
+        .join("release")
+        .join("ringlet")
+}
+
 /// The agent's container image as `cargo xtask image` names it (and imports it into the lab).
 pub const RINGLET_IMAGE: &str = concat!("ghcr.io/ringlet/ringlet:", env!("CARGO_PKG_VERSION"));
 

@@ -8,11 +8,10 @@
 //! built.
 
 use std::fs;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use ringlet_tests::{RINGLET_IMAGE, image_dir, target_dir};
+use ringlet_tests::{RINGLET_IMAGE, image_binary, image_dir, image_target};
 use serde_json::Value;
 
 use crate::oci::{self, ImageSpec, Layer};
@@ -98,7 +97,7 @@ pub fn import_if_built() -> Result<()> {
 
 /// Builds `ringlet` statically linked and returns it.
 fn build_static_binary() -> Result<Vec<u8>> {
-    let target = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    let target = image_target();
     // With --target, RUSTFLAGS apply to the target's crates only (not build scripts), and the
     // output goes to target/<triple>/, leaving the normal builds alone.
     cmd::run(
@@ -108,7 +107,7 @@ fn build_static_binary() -> Result<Vec<u8>> {
             .args(["build", "--release", "--target", &target])
             .args(["-p", "ringlet", "--bin", "ringlet"]),
     )?;
-    let path: PathBuf = target_dir().join(&target).join("release").join("ringlet");
+    let path = image_binary();
     let binary = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     if has_interpreter(&binary)
         .with_context(|| format!("{} is not a 64-bit ELF executable", path.display()))?

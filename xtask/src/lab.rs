@@ -37,6 +37,8 @@ const PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
     "curl",
+    // The CA bundle `cargo xtask image` puts into ringlet's image.
+    "ca-certificates",
     "prometheus",
     // etcd for the control plane (`cargo xtask cluster up`). Its package ships an init script
     // that would start an etcd on 2379; without systemd, or under Docker's policy-rc.d, it does
