@@ -310,6 +310,19 @@ where
     Ok(metric)
 }
 
+/// The ring buffer's drop counter, which the agent and observe mode both export.
+pub(crate) fn ring_buffer_drops(registry: &Registry) -> Result<IntCounter, MetricsError> {
+    let name = "ringlet_ebpf_ring_buffer_drops_total";
+    register(
+        registry,
+        name,
+        IntCounter::new(
+            name,
+            "Events the eBPF programs could not reserve ring-buffer space for.",
+        ),
+    )
+}
+
 fn histogram(
     registry: &Registry,
     name: &str,
@@ -438,14 +451,7 @@ impl Metrics {
                 "Relists the PLEG ran: targeted (one pod) or full.",
                 "type",
             )?,
-            ring_buffer_drops: register(
-                r,
-                "ringlet_ebpf_ring_buffer_drops_total",
-                IntCounter::new(
-                    "ringlet_ebpf_ring_buffer_drops_total",
-                    "Events the eBPF programs could not reserve ring-buffer space for.",
-                ),
-            )?,
+            ring_buffer_drops: ring_buffer_drops(r)?,
             kernel_exits: register(
                 r,
                 "ringlet_pleg_kernel_exits_total",

@@ -10,7 +10,7 @@ use prometheus::{
 };
 
 use super::args::SourceKind;
-use crate::metrics::{LATENCY_BUCKETS, MetricsError, register};
+use crate::metrics::{LATENCY_BUCKETS, MetricsError, register, ring_buffer_drops};
 
 /// A cloneable handle to observe mode's metrics.
 #[derive(Clone)]
@@ -86,14 +86,7 @@ impl ObserveMetrics {
                     "Running containers on the node, as of the last CRI list.",
                 ),
             )?,
-            ring_buffer_drops: register(
-                r,
-                "ringlet_ebpf_ring_buffer_drops_total",
-                IntCounter::new(
-                    "ringlet_ebpf_ring_buffer_drops_total",
-                    "Events the eBPF programs could not reserve ring-buffer space for.",
-                ),
-            )?,
+            ring_buffer_drops: ring_buffer_drops(r)?,
             registry,
         };
         for source in sources {
