@@ -361,6 +361,12 @@ impl ClientIdentity {
     }
 }
 
+/// How often [`Agent::start`] tries fresh ports when another process took one first.
+const PORT_ATTEMPTS: usize = 3;
+
+/// How many of the agent's last log lines a failed start reports.
+const LOG_TAIL_LINES: usize = 40;
+
 /// Settings for one agent under test.
 #[derive(Default)]
 pub struct AgentOptions {
@@ -461,6 +467,19 @@ impl Agent {
             wrapper: wrapper.iter().map(|&w| w.to_owned()).collect(),
         };
         ClientIdentity::write(agent.dir.path())?;
+        // `free_port` only finds ports free at the time: another process may take one before the
+        // agent binds it. The agent then stops with "cannot listen on", and fresh ports are tried.
+        for _ in 1..PORT_ATTEMPTS {
+            match agent.spawn() {
+                Err(err) if format!("{err:#}").contains("cannot listen on") => {
+                    eprintln!("{err:#}\ntrying other ports");
+                    agent.read_only_port = free_port()?;
+                    agent.healthz_port = free_port()?;
+                    agent.api_port = free_port()?;
+                }
+                other => return other.map(|()| agent),
+            }
+        }
         agent.spawn()?;
         Ok(agent)
     }
@@ -508,9 +527,20 @@ impl Agent {
             .spawn()
             .context("cannot start ringlet")?;
         self.child = Some(child);
-        wait_for("the agent's healthz port", Duration::from_secs(30), || {
-            http_get(self.healthz_port, "/healthz").ok()
-        })?;
+        let started = wait_for("the agent's healthz port", Duration::from_secs(30), || {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                return Some(Err(anyhow!("the agent exited with {status}")));
+            }
+            http_get(self.healthz_port, "/healthz").ok().map(|_| Ok(()))
+        })
+        .and_then(|started| started);
+        if let Err(err) = started {
+            let _ = self.kill();
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(LOG_TAIL_LINES).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!("{err:#}; the end of its log:\n{}", tail.join("\n"));
+        }
         Ok(())
     }
 
