@@ -359,6 +359,19 @@ pub fn wait_all_running(
     started: Instant,
     namespace: &str,
 ) -> Result<HashMap<String, f64>> {
+    wait_all_running_every(agent, port, pods, started, namespace, RUNNING_POLL)
+}
+
+/// [`wait_all_running`] reading `/pods` every `poll`: on a dense node one read costs the agent
+/// enough to slow what is measured.
+pub fn wait_all_running_every(
+    agent: &mut Agent,
+    port: u16,
+    pods: usize,
+    started: Instant,
+    namespace: &str,
+    poll: Duration,
+) -> Result<HashMap<String, f64>> {
     let timeout = Duration::from_mins(1) + Duration::from_secs(2) * u32::try_from(pods)?;
     let mut running = HashMap::new();
     while running.len() < pods {
@@ -378,7 +391,7 @@ pub fn wait_all_running(
                 running.entry(name.to_owned()).or_insert(now);
             }
         }
-        std::thread::sleep(RUNNING_POLL);
+        std::thread::sleep(poll);
     }
     Ok(running)
 }
@@ -517,6 +530,74 @@ pub fn wait_until_quiet(busy: impl Fn() -> Result<Option<String>>) -> Result<()>
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// A Prometheus histogram read from the text format: `le` → cumulative count.
+#[derive(Debug, Default, PartialEq)]
+pub struct Histogram(BTreeMap<String, f64>);
+
+pub fn histogram(text: &str, family: &str) -> Histogram {
+    let prefix = format!("{family}_bucket{{");
+    let mut out = Histogram::default();
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some(le) = labels
+            .split("le=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+        else {
+            continue;
+        };
+        *out.0.entry(le.to_owned()).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+impl Histogram {
+    /// Observations in all (the `+Inf` bucket).
+    pub fn count(&self) -> u64 {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.0.get("+Inf").map_or(0, |count| count.round() as u64)
+    }
+
+    pub fn minus(&self, earlier: &Self) -> Self {
+        Self(
+            self.0
+                .iter()
+                .map(|(le, count)| {
+                    let before = earlier.0.get(le).copied().unwrap_or(0.0);
+                    (le.clone(), (count - before).max(0.0))
+                })
+                .collect(),
+        )
+    }
+
+    /// The `q` quantile as Prometheus' `histogram_quantile` computes it, by linear interpolation
+    /// within the bucket it falls in; infinite when it falls above the largest finite bucket, where
+    /// Prometheus would give that bucket's bound, which the report would read as a measurement.
+    pub fn quantile(&self, q: f64) -> f64 {
+        let sorted = sorted_buckets(&self.0);
+        let below_inf = sorted
+            .iter()
+            .rev()
+            .find(|(bound, _)| bound.is_finite())
+            .map_or(0.0, |(_, count)| *count);
+        #[allow(clippy::cast_precision_loss)]
+        if self.count() > 0 && q * self.count() as f64 > below_inf {
+            return f64::INFINITY;
+        }
+        histogram_quantile(&sorted, q)
+    }
+}
+
+/// The value of one series in Prometheus text, e.g. `kubelet_pleg_relist_duration_seconds_sum`;
+/// `None` when the text does not have it.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// utime + stime of `pid`, in seconds.
@@ -660,6 +741,59 @@ pub fn write_results(root: &Path, name: &str, report: &impl Serialize, md: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const METRICS: &str = "\
+ringlet_pleg_event_latency_seconds_bucket{le=\"0.001\"} 3
+ringlet_pleg_event_latency_seconds_bucket{le=\"0.005\"} 9
+ringlet_pleg_event_latency_seconds_bucket{le=\"+Inf\"} 10
+ringlet_pleg_event_latency_seconds_count 10
+ringlet_pod_status_latency_seconds_bucket{le=\"0.001\"} 7
+";
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn histogram_quantiles_interpolate_within_buckets_of_the_difference() {
+        let after = histogram(METRICS, "ringlet_pleg_event_latency_seconds");
+        assert_eq!(after.count(), 10);
+        // Rank 5 of 10: the 2nd of the 6 in (1 ms, 5 ms].
+        assert!(close(after.quantile(0.5), 0.001 + 0.004 * 2.0 / 6.0));
+        // Rank 3: the last of the 3 in [0, 1 ms].
+        assert!(close(after.quantile(0.3), 0.001));
+        assert!(
+            after.quantile(0.99).is_infinite(),
+            "above the largest finite bucket"
+        );
+        // Cumulative before: 2, 3, 3; the difference: 1 below 1 ms, 5 more below 5 ms, 1 above.
+        let before = histogram(
+            &METRICS
+                .replace("} 3", "} 2")
+                .replace("} 9", "} 3")
+                .replace("} 10", "} 3"),
+            "ringlet_pleg_event_latency_seconds",
+        );
+        let delta = after.minus(&before);
+        assert_eq!(delta.count(), 7);
+        // Rank 0.7: 70 % of the one below 1 ms.
+        assert!(close(delta.quantile(0.1), 0.000_7));
+        // Rank 3.5: 2.5 of the 5 in (1 ms, 5 ms].
+        assert!(close(delta.quantile(0.5), 0.003));
+        assert!(delta.quantile(0.99).is_infinite());
+        assert!(
+            Histogram::default().quantile(0.5).is_nan(),
+            "no samples, no quantile"
+        );
+    }
+
+    #[test]
+    fn sample_reads_one_series_and_not_its_prefix() {
+        let text = "a_sum 1.5\na_sum_other 7\na_count 3\n";
+        assert_eq!(sample(text, "a_sum"), Some(1.5));
+        assert_eq!(sample(text, "a_count"), Some(3.0));
+        assert_eq!(sample(text, "a"), None);
+    }
 
     #[test]
     fn cpu_seconds_skip_a_command_name_with_spaces() {

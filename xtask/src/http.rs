@@ -10,6 +10,22 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// GETs `path` from `127.0.0.1:port` and returns the body of a 200 response.
 pub fn get(port: u16, path: &str) -> Result<Vec<u8>> {
+    let response = request(port, path)?;
+    parse_response(&response).with_context(|| format!("GET {path} on port {port}"))
+}
+
+/// GETs `path` from `127.0.0.1:port` and returns the response's status code, whatever it is.
+pub fn status(port: u16, path: &str) -> Result<u16> {
+    let response = request(port, path)?;
+    let status_line = response.split(|&b| b == b'\n').next().unwrap_or_default();
+    String::from_utf8_lossy(status_line)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("GET {path} on port {port}: no status line"))
+}
+
+fn request(port: u16, path: &str) -> Result<Vec<u8>> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
     stream.set_read_timeout(Some(TIMEOUT))?;
@@ -22,7 +38,7 @@ pub fn get(port: u16, path: &str) -> Result<Vec<u8>> {
     stream
         .read_to_end(&mut response)
         .with_context(|| format!("reading the response to GET {path}"))?;
-    parse_response(&response).with_context(|| format!("GET {path} on port {port}"))
+    Ok(response)
 }
 
 fn parse_response(response: &[u8]) -> Result<Vec<u8>> {

@@ -10,6 +10,7 @@ mod cluster_bench;
 mod cmd;
 mod compare_bench;
 mod demo;
+mod density_bench;
 mod exit_chain;
 mod fuzz;
 mod http;
@@ -104,6 +105,8 @@ enum Bench {
     /// ringlet ebpf, ringlet relist and the upstream kubelet on the same static pods: exit →
     /// status, start, teardown, idle CPU and RSS, with ratios against the kubelet.
     Compare(compare_bench::CompareArgs),
+    /// 100 to 1,000 real pods on one node in both PLEG modes: start, idle cost, exit → status.
+    Density(density_bench::DensityArgs),
 }
 
 fn main() -> Result<()> {
@@ -130,6 +133,7 @@ fn main() -> Result<()> {
             Bench::Cluster(args) => cluster_bench::cluster(&args),
             Bench::Probes(args) => probe_bench::probes(&args),
             Bench::Compare(args) => compare_bench::compare(&args),
+            Bench::Density(args) => density_bench::density(&args),
         },
     }
 }

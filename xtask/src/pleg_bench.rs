@@ -5,7 +5,6 @@
 //! kernel → userspace part (`agent/examples/hint_throughput.rs`).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::benchkit::{
-    self, Agent, cleanup, free_port, fresh_run_dir, git_commit, now_utc, percentile,
+    self, Agent, cleanup, free_port, fresh_run_dir, git_commit, histogram, now_utc, percentile,
     process_cpu_seconds, runtime_containers, sleep_pod_manifest, time_exits, wait_all_running,
     wait_for_free_pins,
 };
@@ -302,66 +301,6 @@ fn metric(
     }
 }
 
-/// A Prometheus histogram read from the text format: `le` → cumulative count.
-#[derive(Debug, Default, PartialEq)]
-struct Histogram(BTreeMap<String, f64>);
-
-fn histogram(text: &str, family: &str) -> Histogram {
-    let prefix = format!("{family}_bucket{{");
-    let mut out = Histogram::default();
-    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Some(le) = labels
-            .split("le=\"")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-        else {
-            continue;
-        };
-        *out.0.entry(le.to_owned()).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    out
-}
-
-impl Histogram {
-    /// Observations in all (the `+Inf` bucket).
-    fn count(&self) -> u64 {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        self.0.get("+Inf").map_or(0, |count| count.round() as u64)
-    }
-
-    fn minus(&self, earlier: &Self) -> Self {
-        Self(
-            self.0
-                .iter()
-                .map(|(le, count)| {
-                    let before = earlier.0.get(le).copied().unwrap_or(0.0);
-                    (le.clone(), (count - before).max(0.0))
-                })
-                .collect(),
-        )
-    }
-
-    /// The `q` quantile as Prometheus' `histogram_quantile` computes it, by linear interpolation
-    /// within the bucket it falls in; infinite when it falls above the largest finite bucket, where
-    /// Prometheus would give that bucket's bound, which the report would read as a measurement.
-    fn quantile(&self, q: f64) -> f64 {
-        let sorted = benchkit::sorted_buckets(&self.0);
-        let below_inf = sorted
-            .iter()
-            .rev()
-            .find(|(bound, _)| bound.is_finite())
-            .map_or(0.0, |(_, count)| *count);
-        #[allow(clippy::cast_precision_loss)]
-        if self.count() > 0 && q * self.count() as f64 > below_inf {
-            return f64::INFINITY;
-        }
-        benchkit::histogram_quantile(&sorted, q)
-    }
-}
-
 fn synthetic(root: &Path, args: &PlegArgs) -> Result<Value> {
     let example = root.join("target/release/examples/hint_throughput");
     let out = cmd::output(
@@ -568,54 +507,4 @@ fn svg(latency: &[Metric]) -> String {
         })
         .collect();
     benchkit::cdf_svg("container exit → status on /pods (CDF)", &series)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const METRICS: &str = "\
-ringlet_pleg_event_latency_seconds_bucket{le=\"0.001\"} 3
-ringlet_pleg_event_latency_seconds_bucket{le=\"0.005\"} 9
-ringlet_pleg_event_latency_seconds_bucket{le=\"+Inf\"} 10
-ringlet_pleg_event_latency_seconds_count 10
-ringlet_pod_status_latency_seconds_bucket{le=\"0.001\"} 7
-";
-
-    fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() < 1e-12
-    }
-
-    #[test]
-    fn histogram_quantiles_interpolate_within_buckets_of_the_difference() {
-        let after = histogram(METRICS, EVENT_HISTOGRAM);
-        assert_eq!(after.count(), 10);
-        // Rank 5 of 10: the 2nd of the 6 in (1 ms, 5 ms].
-        assert!(close(after.quantile(0.5), 0.001 + 0.004 * 2.0 / 6.0));
-        // Rank 3: the last of the 3 in [0, 1 ms].
-        assert!(close(after.quantile(0.3), 0.001));
-        assert!(
-            after.quantile(0.99).is_infinite(),
-            "above the largest finite bucket"
-        );
-        // Cumulative before: 2, 3, 3; the difference: 1 below 1 ms, 5 more below 5 ms, 1 above.
-        let before = histogram(
-            &METRICS
-                .replace("} 3", "} 2")
-                .replace("} 9", "} 3")
-                .replace("} 10", "} 3"),
-            EVENT_HISTOGRAM,
-        );
-        let delta = after.minus(&before);
-        assert_eq!(delta.count(), 7);
-        // Rank 0.7: 70 % of the one below 1 ms.
-        assert!(close(delta.quantile(0.1), 0.000_7));
-        // Rank 3.5: 2.5 of the 5 in (1 ms, 5 ms].
-        assert!(close(delta.quantile(0.5), 0.003));
-        assert!(delta.quantile(0.99).is_infinite());
-        assert!(
-            Histogram::default().quantile(0.5).is_nan(),
-            "no samples, no quantile"
-        );
-    }
 }
