@@ -623,8 +623,10 @@ fn markdown(report: &Report) -> String {
          kill 0.2–1.2 s after an exit shows). **on /pods**: the kill → `/pods` shows the container \
          terminated or restarted, reading `/pods` every {} ms (each read costs the agent the GET \
          /pods time above, which grows with the pods). **agent**: the agent's histograms over the \
-         same exits (kernel exit timestamp → status written, → PLEG event), quantiles interpolated \
-         within buckets four per decade; relist mode has no kernel timestamp. median / p99 ms.\n\n\
+         exits' window, so every container change the kernel timed in it, the exits and the \
+         restarts that follow them (kernel timestamp → status written, → PLEG event), quantiles \
+         interpolated within buckets four per decade; relist mode has no kernel timestamp. \
+         median / p99 ms.\n\n\
          | mode | pods | on /pods | agent: → status | agent: → PLEG event | exits |\n\
          |---|---:|---:|---:|---:|---:|\n",
         report.exit_poll_ms
