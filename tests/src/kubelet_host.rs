@@ -1,8 +1,9 @@
-//! The upstream kubelet run standalone on the lab's containerd (static pods from a manifest
-//! directory, `/pods` on the read-only port), as the benches and the observe-mode test run it: its
-//! configuration, and what it changes on the host (three sysctls, `KUBE-*` iptables chains, its
-//! directories and the pods' `QoS` cgroups), recorded before it starts and put back when it stops,
-//! or by the next run of any bench or test if that one was killed.
+//! The upstream kubelet on the lab's containerd, standalone (static pods from a manifest directory,
+//! `/pods` on the read-only port) or registered with an API server, as the benches and the
+//! observe-mode tests run it: its configuration, the wait for a containerd it may have to itself,
+//! and what it changes on the host (three sysctls, `KUBE-*` iptables chains, its directories and
+//! the pods' `QoS` cgroups), recorded before it starts and put back when it stops, or by the next
+//! run of any bench or test if that one was killed.
 
 use std::collections::HashSet;
 use std::fs;
@@ -29,9 +30,33 @@ pub fn kubelet_from_env() -> Option<PathBuf> {
         .filter(|path| path.is_file())
 }
 
-/// The ports and directories of one standalone kubelet.
+/// The API server an upstream kubelet registers with as a node.
 #[derive(Clone, Debug)]
-pub struct StandaloneKubelet {
+pub struct Registration {
+    /// The node's kubeconfig (`--kubeconfig`).
+    pub kubeconfig: PathBuf,
+    /// The CA whose client certificates the kubelet API accepts (`authentication.x509`).
+    pub client_ca_file: PathBuf,
+}
+
+/// The upstream kubelet for `test` ([`kubelet_from_env`]); `None` (SKIP, a failure under
+/// `CI=true`) when there is none.
+pub fn require_upstream_kubelet(test: &str) -> Option<PathBuf> {
+    let kubelet = kubelet_from_env();
+    let missing = kubelet.is_none().then(|| {
+        format!(
+            "no upstream kubelet: set {ASSETS_ENV} (envtest's setup.sh prints it) or {KUBELET_ENV}"
+        )
+    });
+    crate::skip_unless(test, missing)
+        .then_some(kubelet)
+        .flatten()
+}
+
+/// The ports and directories of one upstream kubelet on the lab's containerd: standalone, or
+/// registered with an API server.
+#[derive(Clone, Debug)]
+pub struct LabKubelet {
     /// `staticPodPath`.
     pub manifests: PathBuf,
     /// Where its configuration, pod logs, volume plugins and certificates go.
@@ -41,11 +66,41 @@ pub struct StandaloneKubelet {
     pub read_only_port: u16,
     pub port: u16,
     pub healthz_port: u16,
+    /// `None`: standalone, no API server; the kubelet API allows every request.
+    pub registration: Option<Registration>,
 }
 
-impl StandaloneKubelet {
-    /// Its `KubeletConfiguration`.
+impl LabKubelet {
+    /// Its `KubeletConfiguration`: ringlet's settings where they exist (cgroupfs, the lab's
+    /// containerd, loopback ports; when registered, webhook authentication and authorization and
+    /// the client CA), everything else default except what would reach outside the run directory
+    /// or delete the lab's images.
     pub fn config(&self) -> String {
+        let access = match &self.registration {
+            None => "authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+"
+            .to_owned(),
+            Some(registration) => format!(
+                "registerNode: true
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {}
+authorization:
+  mode: Webhook
+",
+                registration.client_ca_file.display()
+            ),
+        };
         format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -60,14 +115,7 @@ port: {api_port}
 readOnlyPort: {read_only_port}
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz_port}
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: false
-authorization:
-  mode: AlwaysAllow
-podLogsDir: {pod_logs}
+{access}podLogsDir: {pod_logs}
 volumePluginDir: {volume_plugins}
 # There is no registry: an image the GC removed could not be pulled again.
 imageGCHighThresholdPercent: 100
@@ -102,10 +150,57 @@ evictionHard:
             .args(["--hostname-override", node])
             .arg("--root-dir")
             .arg(&self.root_dir)
+            // Its default is /var/lib/kubelet/pki whatever the root dir.
             .arg("--cert-dir")
             .arg(self.run_dir.join("pki"));
+        if let Some(registration) = &self.registration {
+            command.arg("--kubeconfig").arg(&registration.kubeconfig);
+        }
         Ok(command)
     }
+}
+
+/// Containers (sandboxes included) in the lab's containerd, of any pod.
+pub fn containers_in_containerd() -> Result<Vec<String>> {
+    let out = run(Command::new("ctr")
+        .args(["--address", CONTAINERD_SOCKET, "-n", "k8s.io"])
+        .args(["containers", "ls", "-q"]))?;
+    Ok(out.lines().map(str::to_owned).collect())
+}
+
+/// Waits (bounded) until containerd holds no container: the upstream kubelet stops every
+/// container it does not know, so it must not meet the pods of others.
+pub fn wait_for_empty_containerd() -> Result<()> {
+    crate::wait_for(
+        "containerd to hold no containers",
+        std::time::Duration::from_mins(1),
+        || containers_in_containerd().ok()?.is_empty().then_some(()),
+    )
+    .with_context(|| {
+        format!(
+            "the upstream kubelet would kill the pods of others: {}",
+            others()
+        )
+    })
+}
+
+/// The pods whose containers containerd holds, for the message that refuses to start the kubelet.
+fn others() -> String {
+    let mut pods: Vec<String> = containers_in_containerd()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|id| {
+            let labels = crate::container_labels(id).ok()?;
+            Some(format!(
+                "{}/{}",
+                labels["io.kubernetes.pod.namespace"].as_str()?,
+                labels["io.kubernetes.pod.name"].as_str()?
+            ))
+        })
+        .collect();
+    pods.sort();
+    pods.dedup();
+    pods.join(", ")
 }
 
 /// Unmounts everything mounted at or below `dir`, deepest first (the upstream kubelet bind-mounts

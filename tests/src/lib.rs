@@ -124,7 +124,7 @@ pub fn require_ringlet_image(test: &str) -> bool {
     skip_unless(test, missing)
 }
 
-fn skip_unless(test: &str, missing: Option<String>) -> bool {
+pub(crate) fn skip_unless(test: &str, missing: Option<String>) -> bool {
     match missing {
         None => true,
         Some(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
@@ -380,6 +380,8 @@ pub struct AgentOptions {
     pub client_ca_file: Option<PathBuf>,
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
+    /// `--root-dir` instead of `root/` in the agent's own directory (e.g. a small tmpfs).
+    pub root_dir: Option<PathBuf>,
 }
 
 /// A running `ringlet` with its own directories and ports. Dropping it removes its manifests, waits
@@ -396,6 +398,7 @@ pub struct Agent {
     options_env: Vec<(String, String)>,
     wrapper: Vec<String>,
     client_ca_file: PathBuf,
+    root_dir: PathBuf,
     // Dropped after the agent is stopped (fields drop after `Drop::drop`).
     _node_lock: node_lock::NodeLock,
 }
@@ -406,7 +409,7 @@ impl Agent {
     }
 
     pub fn root_dir(&self) -> PathBuf {
-        self.dir.path().join("root")
+        self.root_dir.clone()
     }
 
     /// The agent's event socket (`ringlet events --socket`), private to this agent.
@@ -453,10 +456,15 @@ impl Agent {
             .client_ca_file
             .clone()
             .unwrap_or_else(|| ClientIdentity::ca_file(dir.path()));
+        let root_dir = options
+            .root_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("root"));
         let mut agent = Self {
             _node_lock: node_lock::node_lock()?,
             child: None,
             client_ca_file,
+            root_dir,
             dir,
             node,
             read_only_port: free_port()?,

@@ -2,13 +2,17 @@
 //! nothing is lost and nothing doubled: pods that ran before keep their container ids (none is
 //! re-created), every exit that happened is reported with its exit code, and nothing of a pod
 //! (containers, sandboxes, pod cgroups, pod directory) is left once it is gone. Run as root after
-//! `cargo xtask lab up`, one test at a time.
+//! `cargo xtask lab up`, one test at a time. The faults: the agent killed over and over while pods
+//! churn, containerd stopped under it, and and its root dir's disk full, `events.log` included.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
+use ringlet_tests::cluster::run;
 use ringlet_tests::{
     Agent, AgentOptions, busybox_pod, container_labels, container_status, containers_of_node,
     http_get, lab_containerd, phase, require_lab, restart_lab_containerd, task, wait_for,
@@ -364,5 +368,189 @@ fn containerd_stopped_for_twenty_seconds_under_the_agent_loses_and_doubles_nothi
     for name in steady.keys() {
         assert_eq!(by_pod.get(name).map(Vec::len), Some(1), "{name}");
     }
+    remove_all_and_check_nothing_is_left(&agent, &uids)
+}
+
+/// A tmpfs of `size` mounted on a fresh directory; unmounted (lazily, so a process still holding a
+/// file there cannot keep it) and removed on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("chaos-tmpfs-").tempdir()?;
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path()))?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = run(Command::new("umount").arg("-l").arg(self.dir.path()));
+    }
+}
+
+/// Fills the file system of `dir` by appending to `filler` until a write fails with ENOSPC.
+fn fill(filler: &Path) -> Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(filler)?;
+    let block = vec![0u8; 4096];
+    loop {
+        match file.write_all(&block) {
+            Ok(()) => {}
+            Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => return Ok(()),
+            Err(err) => return Err(err).context("filling the tmpfs"),
+        }
+    }
+}
+
+/// Frees the page `file` ends in (a hole punched in it), so that the next append to it needs a
+/// new page: on a full file system, it fails.
+fn punch_last_page(file: &Path) -> Result<()> {
+    let size = std::fs::metadata(file)?.len();
+    let start = size / 4096 * 4096;
+    run(Command::new("fallocate")
+        .args([
+            "--punch-hole",
+            "--offset",
+            &start.to_string(),
+            "--length",
+            "4096",
+        ])
+        .arg(file))?;
+    Ok(())
+}
+
+/// Kills the running `main` container of pod `name` and waits until `/pods` reports the exit with
+/// code 137 (as the container's state while no restart succeeds, or as its last state after one).
+fn kill_and_see_the_exit(agent: &Agent, name: &str, deaths_before: u64) -> Result<()> {
+    let pods = pods_by_name(agent)?;
+    let id = pods
+        .get(name)
+        .and_then(running_id)
+        .with_context(|| format!("{name} is not running"))?;
+    let (pid, _) = task(&id)?.with_context(|| format!("{name}'s container has no task"))?;
+    ensure!(
+        ringlet_tests::daemon::signal(pid, libc::SIGKILL),
+        "could not kill {name}'s process {pid}"
+    );
+    wait_for(
+        &format!("{name}'s exit reported with its code"),
+        SETTLE,
+        || {
+            let pods = pods_by_name(agent).ok()?;
+            let pod = pods.get(name)?;
+            let status = container_status(pod, "main")?;
+            let terminated = &status["state"]["terminated"];
+            let reported = if terminated.is_object() {
+                terminated["exitCode"] == 137
+                    && terminated["containerID"] == format!("containerd://{id}")
+            } else {
+                restart_count(pod) > deaths_before
+                    && status["lastState"]["terminated"]["exitCode"] == 137
+            };
+            reported.then_some(())
+        },
+    )
+    .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))
+}
+
+#[test]
+fn a_full_disk_and_an_unwritable_event_log_lose_and_double_nothing() -> Result<()> {
+    let test = "a_full_disk_and_an_unwritable_event_log_lose_and_double_nothing";
+    if !require_lab(test) {
+        return Ok(());
+    }
+    // Dropped after the agent: the agent stops before its root dir goes.
+    let disk = Tmpfs::mount("64m")?;
+    let agent = Agent::start(
+        "chaos-disk",
+        AgentOptions {
+            root_dir: Some(disk.path().join("root")),
+            ..AgentOptions::default()
+        },
+    )?;
+    let names: Vec<String> = (0..3).map(|i| format!("steady-{i}")).collect();
+    let steady = start_pods(&agent, &names, "Always", "exec sleep 3600")?;
+    start_pods(&agent, &["victim".to_owned()], "Always", "exec sleep 3600")?;
+    let mut uids = BTreeSet::new();
+    note_uids(&agent, &mut uids);
+
+    // The root dir's disk full, the event log's last page included: its next line cannot be
+    // written. A container exit is still reported with its code, a pod added meanwhile is not
+    // lost, the agent says what it cannot write and stays healthy.
+    let filler = disk.path().join("filler");
+    fill(&filler)?;
+    punch_last_page(&agent.root_dir().join("events.log"))?;
+    fill(&filler)?;
+    agent.write_manifest(
+        "newcomer.yaml",
+        &busybox_pod("newcomer", "Always", "exec sleep 3600"),
+    )?;
+    kill_and_see_the_exit(&agent, "victim", 0)?;
+    wait_for(
+        "the agent to say the event log is unwritable",
+        SETTLE,
+        || {
+            agent
+                .log()
+                .contains("cannot append to the event log")
+                .then_some(())
+        },
+    )?;
+    let (code, body) = http_get(agent.healthz_port, "/healthz")?;
+    ensure!(
+        code == 200,
+        "the agent is unhealthy with its disk full: {body}"
+    );
+
+    std::fs::remove_file(&filler)?;
+    let settled = wait_for(
+        "the newcomer and the victim to run once there is room",
+        SETTLE,
+        || {
+            let pods = pods_by_name(&agent).ok()?;
+            let running = |name: &str| pods.get(name).and_then(running_id).is_some();
+            (running("newcomer") && running("victim")).then_some(pods)
+        },
+    )
+    .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))?;
+    wait_for("the event log to be written again", SETTLE, || {
+        agent
+            .log()
+            .contains("appending to the event log works again")
+            .then_some(())
+    })?;
+    for (name, id) in &steady {
+        assert_eq!(
+            running_id(&settled[name]).as_deref(),
+            Some(id.as_str()),
+            "{name} kept its container"
+        );
+        assert_eq!(restart_count(&settled[name]), 0, "{name} never restarted");
+    }
+    assert_eq!(
+        restart_count(&settled["victim"]),
+        1,
+        "the victim died once and was restarted once"
+    );
+    let by_pod = containers_by_pod(&agent.node)?;
+    for name in steady.keys() {
+        assert_eq!(
+            by_pod.get(name).map(Vec::len),
+            Some(1),
+            "{name}: nothing doubled"
+        );
+    }
+    note_uids(&agent, &mut uids);
     remove_all_and_check_nothing_is_left(&agent, &uids)
 }

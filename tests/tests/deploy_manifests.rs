@@ -1,19 +1,32 @@
 //! The observe-mode manifests of `deploy/daemonset/` against the real API server of the shared
 //! control plane (`cargo xtask cluster up`): `kubectl apply --dry-run=server` accepts every object
 //! (schema, defaulting and admission run; nothing is stored), the `DaemonSet` the server would store
-//! has what observe mode needs on a node, and its pod template, bound to a node with
-//! `spec.nodeName` (no scheduler or `DaemonSet` controller runs here), runs and turns healthy.
+//! has what observe mode needs on a node, and its pod template, bound with `spec.nodeName` (no
+//! scheduler or `DaemonSet` controller runs here) to a node the upstream kubelet registered, runs
+//! there, turns healthy, and measures from the API server how long that kubelet takes to report a
+//! container's exit.
 
+use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, ensure};
 use ringlet_tests::cluster::{Cluster, run, run_with_input};
-use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
-use ringlet_tests::{http_get, require_cluster, wait_for};
+use ringlet_tests::kubelet_host::{
+    HostGuard, LabKubelet, Registration, containers_in_containerd, require_upstream_kubelet,
+    unmount_below, wait_for_empty_containerd,
+};
+use ringlet_tests::{
+    LAB_DIR, free_port, http_get, node_lock, require_cluster, require_ringlet_image, task, wait_for,
+};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "ringlet-system";
+/// The node the upstream kubelet registers as.
+const KUBELET_NODE: &str = "e2e-observe-kubelet";
+/// Where the pod whose container exit observe mode measures runs.
+const WORKLOAD_NAMESPACE: &str = "e2e-observe-workload";
 /// The port `ringlet observe` serves `/metrics` and `/healthz` on.
 const OBSERVE_PORT: u16 = 10290;
 
@@ -286,22 +299,171 @@ impl Drop for ObservePod<'_> {
     }
 }
 
+/// The upstream kubelet registered as node `node` of the test's API server, on the lab's
+/// containerd. Dropping it deletes the pods bound to it and waits (bounded) until containerd holds
+/// none, stops it, deletes its node object and kubeconfig, unmounts what it mounted and puts the
+/// host back (then the node lock goes).
+struct KubeletNode<'a> {
+    cluster: &'a Cluster,
+    name: String,
+    child: Child,
+    config: LabKubelet,
+    _dir: tempfile::TempDir,
+    _host: HostGuard,
+    _lock: node_lock::NodeLock,
+}
+
+impl<'a> KubeletNode<'a> {
+    fn start(cluster: &'a Cluster, kubelet: &Path, name: &str) -> Result<Self> {
+        let lock = node_lock::node_lock()?;
+        wait_for_empty_containerd()?;
+        let host = HostGuard::take()?;
+        let dir = tempfile::Builder::new()
+            .prefix("deploy-kubelet-")
+            .tempdir_in(LAB_DIR)?;
+        let config = LabKubelet {
+            manifests: dir.path().join("manifests"),
+            run_dir: dir.path().to_path_buf(),
+            root_dir: dir.path().join("root"),
+            read_only_port: free_port()?,
+            port: free_port()?,
+            healthz_port: free_port()?,
+            registration: Some(Registration {
+                kubeconfig: cluster.node_kubeconfig(name)?,
+                client_ca_file: cluster.ca_file(),
+            }),
+        };
+        fs::create_dir_all(&config.manifests)?;
+        fs::create_dir_all(&config.root_dir)?;
+        let log = fs::File::create(dir.path().join("kubelet.log"))?;
+        let child = config
+            .command(kubelet, name)?
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the upstream kubelet")?;
+        let node = Self {
+            cluster,
+            name: name.to_owned(),
+            child,
+            config,
+            _dir: dir,
+            _host: host,
+            _lock: lock,
+        };
+        wait_for("the kubelet's node Ready", Duration::from_mins(2), || {
+            let object = cluster.get_json(&["node", name]).ok()?;
+            condition_true(&object, "Ready").then_some(())
+        })
+        .with_context(|| format!("kubelet log:\n{}", node.log_tail()))?;
+        Ok(node)
+    }
+
+    fn log_tail(&self) -> String {
+        let log = fs::read_to_string(self.config.run_dir.join("kubelet.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for KubeletNode<'_> {
+    fn drop(&mut self) {
+        let selector = format!("spec.nodeName={}", self.name);
+        let _ = run(self.cluster.kubectl().args([
+            "delete",
+            "pods",
+            "--all-namespaces",
+            "--field-selector",
+            &selector,
+            "--timeout=60s",
+        ]));
+        if let Err(err) = wait_for(
+            "the kubelet to remove its pods' containers",
+            Duration::from_mins(1),
+            || containers_in_containerd().ok()?.is_empty().then_some(()),
+        ) {
+            eprintln!("{err:#}");
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ =
+            run(self
+                .cluster
+                .kubectl()
+                .args(["delete", "node", &self.name, "--ignore-not-found"]));
+        if let Some(registration) = &self.config.registration {
+            let _ = fs::remove_file(&registration.kubeconfig);
+        }
+        if let Err(err) = unmount_below(&self.config.root_dir) {
+            eprintln!(
+                "unmounting below {}: {err:#}",
+                self.config.root_dir.display()
+            );
+        }
+    }
+}
+
+/// Whether `object`'s status has condition `kind` True.
+fn condition_true(object: &Value, kind: &str) -> bool {
+    object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == kind && c["status"] == "True")
+}
+
+/// A busybox pod bound to `node` whose container sleeps (host network, restarted when it dies).
+fn sleeper_pod(name: &str, namespace: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    })
+}
+
+/// One sample of observe mode's `/metrics`, 0 when it is not there yet.
+fn observe_metric<T: std::str::FromStr + Default>(series: &str) -> Result<T> {
+    let (status, body) = http_get(OBSERVE_PORT, "/metrics")?;
+    ensure!(status == 200, "observe mode's /metrics answered {status}");
+    Ok(body
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_default())
+}
+
 #[test]
-fn the_daemonset_pod_template_runs_observe_mode_on_a_node() -> Result<()> {
-    let test = "the_daemonset_pod_template_runs_observe_mode_on_a_node";
+fn the_daemonset_pod_template_runs_observe_mode_next_to_the_upstream_kubelet() -> Result<()> {
+    let test = "the_daemonset_pod_template_runs_observe_mode_next_to_the_upstream_kubelet";
     let Some(cluster) = require_cluster(test) else {
         return Ok(());
     };
-    // The node: ringlet joined to the control plane. The upstream kubelet's harness in this crate
-    // (`kubelet_host`) runs it standalone only, not registered to the API server.
-    let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
+    let Some(kubelet) = require_upstream_kubelet(test) else {
+        return Ok(());
+    };
+    if !require_ringlet_image(test) {
+        return Ok(());
+    }
+    let node = KubeletNode::start(&cluster, &kubelet, KUBELET_NODE)?;
     run(cluster
         .kubectl()
         .args(["apply", "-f"])
         .arg(manifests().join("00-namespace.yaml")))?;
     let _rbac = ObserveRbac::create(&cluster)?;
-    let name = format!("ringlet-observe-{}", node.node());
-    let pod = observe_pod(&cluster, &name, node.node())?;
+    let name = format!("ringlet-observe-{KUBELET_NODE}");
+    let pod = observe_pod(&cluster, &name, KUBELET_NODE)?;
     let _pod = ObservePod {
         cluster: &cluster,
         name: name.clone(),
@@ -310,21 +472,62 @@ fn the_daemonset_pod_template_runs_observe_mode_on_a_node() -> Result<()> {
         cluster.kubectl().args(["create", "-f", "-"]),
         &pod.to_string(),
     )?;
-
     wait_for(
         "the observe pod Running and Ready",
         Duration::from_mins(1),
         || {
             let pod = cluster.get_json(&["pod", &name, "-n", NAMESPACE]).ok()?;
-            let ready = pod["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            (pod["status"]["phase"] == "Running" && ready).then_some(())
+            (pod["status"]["phase"] == "Running" && condition_true(&pod, "Ready")).then_some(())
         },
     )
-    .with_context(|| format!("agent log:\n{}", node.agent().log()))?;
+    .with_context(|| format!("kubelet log:\n{}", node.log_tail()))?;
     let (status, body) = http_get(OBSERVE_PORT, "/healthz")?;
     assert_eq!((status, body.trim()), (200, "ok"));
+
+    // Its source as deployed, the API server: a container of another pod on the node dies, and
+    // observe mode measures until the pod's status there shows it.
+    cluster.prepare_namespace(WORKLOAD_NAMESPACE)?;
+    run_with_input(
+        cluster.kubectl().args(["create", "-f", "-"]),
+        &sleeper_pod("sleeper", WORKLOAD_NAMESPACE, KUBELET_NODE).to_string(),
+    )?;
+    let container = wait_for("the sleeper pod Running", Duration::from_mins(1), || {
+        let pod = cluster
+            .get_json(&["pod", "sleeper", "-n", WORKLOAD_NAMESPACE])
+            .ok()?;
+        let status = &pod["status"]["containerStatuses"][0];
+        status["state"]["running"].is_object().then(|| {
+            let id = status["containerID"].as_str().unwrap_or_default();
+            id.split_once("://").map_or(id, |(_, id)| id).to_owned()
+        })
+    })
+    .with_context(|| format!("kubelet log:\n{}", node.log_tail()))?;
+    let lag_count = "ringlet_observed_kubelet_status_lag_seconds_count{source=\"apiserver\"}";
+    let lag_sum = "ringlet_observed_kubelet_status_lag_seconds_sum{source=\"apiserver\"}";
+    ensure!(
+        observe_metric::<u64>(lag_count)? == 0,
+        "observe mode measured an exit before any"
+    );
+    let (pid, _) = task(&container)?.context("the sleeper's container has no task")?;
+    ensure!(
+        ringlet_tests::daemon::signal(pid, libc::SIGKILL),
+        "killing the sleeper's pid {pid}"
+    );
+    wait_for(
+        "observe mode's measurement from the API server",
+        Duration::from_mins(1),
+        || (observe_metric::<u64>(lag_count).ok()? >= 1).then_some(()),
+    )?;
+    assert_eq!(
+        observe_metric::<u64>(lag_count)?,
+        1,
+        "one exit, one measurement"
+    );
+    let lag: f64 = observe_metric(lag_sum)?;
+    eprintln!("the upstream kubelet's status in the API server showed the exit after {lag:.3} s");
+    assert!(
+        lag > 0.0 && lag < 60.0,
+        "the kubelet reported the exit {lag} s after the kernel saw it"
+    );
     Ok(())
 }

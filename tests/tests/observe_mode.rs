@@ -35,10 +35,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use ringlet_tests::cluster::run_with_input;
-use ringlet_tests::kubelet_host::{HostGuard, StandaloneKubelet, kubelet_from_env, unmount_below};
+use ringlet_tests::kubelet_host::{
+    HostGuard, LabKubelet, containers_in_containerd, kubelet_from_env, unmount_below,
+    wait_for_empty_containerd,
+};
 use ringlet_tests::{
-    LAB_DIR, container_labels, containers_of_node, free_port, http_get, image_binary, metric_value,
-    node_lock, require_ebpf_lab, ringlet_binary, tail, task, wait_for,
+    LAB_DIR, containers_of_node, free_port, http_get, image_binary, metric_value, node_lock,
+    require_ebpf_lab, ringlet_binary, tail, task, wait_for,
 };
 use serde_json::Value;
 
@@ -62,18 +65,7 @@ fn observe_mode_measures_the_kubelets_status_lag_as_an_outside_observer_does() -
         Err(missing) => return skip(&missing),
     };
     let _lock = node_lock::node_lock()?;
-    // The kubelet stops every container it does not know: it must not meet others' pods.
-    wait_for(
-        "containerd to hold no containers",
-        Duration::from_mins(1),
-        || containers_in_containerd().ok()?.is_empty().then_some(()),
-    )
-    .with_context(|| {
-        format!(
-            "the upstream kubelet would kill the pods of others: {}",
-            others()
-        )
-    })?;
+    wait_for_empty_containerd()?;
     let _host = HostGuard::take()?;
     let kubelet = Kubelet::start(&kubelet_binary)?;
     for pod in 0..PODS {
@@ -381,40 +373,6 @@ fn reports_exit(pods: &Value, pod: usize, container: &str) -> bool {
     terminated_now || last
 }
 
-/// containerd's containers in the CRI namespace.
-fn containers_in_containerd() -> Result<Vec<String>> {
-    let out = ringlet_tests::cluster::run(
-        Command::new("ctr")
-            .args([
-                "--address",
-                ringlet_tests::CONTAINERD_SOCKET,
-                "-n",
-                "k8s.io",
-            ])
-            .args(["containers", "ls", "-q"]),
-    )?;
-    Ok(out.lines().map(str::to_owned).collect())
-}
-
-/// The pods whose containers containerd holds, for the message that refuses to start the kubelet.
-fn others() -> String {
-    let mut pods: Vec<String> = containers_in_containerd()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|id| {
-            let labels = container_labels(id).ok()?;
-            Some(format!(
-                "{}/{}",
-                labels["io.kubernetes.pod.namespace"].as_str()?,
-                labels["io.kubernetes.pod.name"].as_str()?
-            ))
-        })
-        .collect();
-    pods.sort();
-    pods.dedup();
-    pods.join(", ")
-}
-
 /// What observe mode must not change: containerd's containers, their tasks (pid and status) and
 /// the kubelet's restart counts.
 #[derive(Debug, PartialEq, Eq)]
@@ -467,7 +425,7 @@ fn promtool_accepts(metrics: &str) -> Result<()> {
 /// and unmounts what it left mounted.
 struct Kubelet {
     child: Child,
-    config: StandaloneKubelet,
+    config: LabKubelet,
     read_only_port: u16,
     _dir: tempfile::TempDir,
 }
@@ -477,13 +435,14 @@ impl Kubelet {
         let dir = tempfile::Builder::new()
             .prefix("observe-kubelet-")
             .tempdir_in(LAB_DIR)?;
-        let config = StandaloneKubelet {
+        let config = LabKubelet {
             manifests: dir.path().join("manifests"),
             run_dir: dir.path().to_path_buf(),
             root_dir: dir.path().join("root"),
             read_only_port: free_port()?,
             port: free_port()?,
             healthz_port: free_port()?,
+            registration: None,
         };
         fs::create_dir_all(&config.manifests)?;
         fs::create_dir_all(&config.root_dir)?;

@@ -385,6 +385,15 @@ pub fn wait_all_running_every(
         }
         let now = ms(started.elapsed());
         for pod in bench_pods(port, namespace).unwrap_or_default() {
+            // A bench pod (restartPolicy Always) only fails when the agent rejected it.
+            if pod["status"]["phase"] == "Failed" {
+                bail!(
+                    "pod {} failed: {} {}",
+                    pod["metadata"]["name"],
+                    pod["status"]["reason"],
+                    pod["status"]["message"]
+                );
+            }
             if all_containers_running(&pod)
                 && let Some(name) = pod["metadata"]["name"].as_str()
             {

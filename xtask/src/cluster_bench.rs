@@ -43,6 +43,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use ringlet_tests::cluster::{CLUSTER_DIR, Cluster};
+use ringlet_tests::kubelet_host::{LabKubelet, Registration};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -544,9 +545,9 @@ fn spawn_agent(
 ) -> Result<Agent> {
     let (read_only_port, api_port, healthz_port) = (free_port()?, free_port()?, free_port()?);
     let runtime_endpoint = format!("unix://{}", ringlet_tests::CONTAINERD_SOCKET);
-    let mut command = Command::new(&binary.path);
-    match binary.kind {
+    let mut command = match binary.kind {
         Kind::Ringlet => {
+            let mut command = Command::new(&binary.path);
             command
                 .arg("--kubeconfig")
                 .arg(kubeconfig)
@@ -562,69 +563,23 @@ fn spawn_agent(
                 .args(["--container-runtime-endpoint", &runtime_endpoint])
                 .arg("--events-socket")
                 .arg(run_dir.join("events.sock"));
-        }
-        Kind::Kubelet => {
-            let config = run_dir.join("kubelet-config.yaml");
-            let text = kubelet_config(
-                run_dir,
-                &control_plane.ca_file(),
-                &runtime_endpoint,
-                [read_only_port, api_port, healthz_port],
-            );
-            fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
             command
-                .arg("--config")
-                .arg(&config)
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .args(["--hostname-override", node])
-                .arg("--root-dir")
-                .arg(root_dir)
-                // Its default is /var/lib/kubelet/pki whatever the root dir.
-                .arg("--cert-dir")
-                .arg(run_dir.join("pki"));
         }
-    }
+        Kind::Kubelet => LabKubelet {
+            manifests: run_dir.join("manifests"),
+            run_dir: run_dir.to_path_buf(),
+            root_dir: root_dir.to_path_buf(),
+            read_only_port,
+            port: api_port,
+            healthz_port,
+            registration: Some(Registration {
+                kubeconfig: kubeconfig.to_path_buf(),
+                client_ca_file: control_plane.ca_file(),
+            }),
+        }
+        .command(&binary.path, node)?,
+    };
     Agent::spawn(&mut command, run_dir.join(log))
-}
-
-/// The upstream kubelet's configuration: ringlet's settings where they exist (client CA, webhook
-/// authorization, cgroupfs, the lab's containerd, loopback ports), everything else default except
-/// what would reach outside the run directory or delete the lab's images.
-fn kubelet_config(run_dir: &Path, ca: &Path, runtime_endpoint: &str, ports: [u16; 3]) -> String {
-    let [read_only_port, api_port, healthz_port] = ports;
-    format!(
-        "apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-# These hosts are cgroup v1 (hybrid).
-failCgroupV1: false
-cgroupDriver: cgroupfs
-containerRuntimeEndpoint: {runtime_endpoint}
-registerNode: true
-address: 127.0.0.1
-port: {api_port}
-readOnlyPort: {read_only_port}
-healthzBindAddress: 127.0.0.1
-healthzPort: {healthz_port}
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: {ca}
-authorization:
-  mode: Webhook
-podLogsDir: {pod_logs}
-volumePluginDir: {volume_plugins}
-# There is no registry: an image the GC removed could not be pulled again.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-",
-        ca = ca.display(),
-        pod_logs = run_dir.join("pod-logs").display(),
-        volume_plugins = run_dir.join("volume-plugins").display(),
-    )
 }
 
 /// Node Ready, then one round per pod count; returns start → node Ready (ms) and the rounds.

@@ -39,6 +39,8 @@ const RUNNING_POLL: Duration = Duration::from_millis(250);
 const HEALTH_POLL: Duration = Duration::from_secs(1);
 const HEALTHZ_START: Duration = Duration::from_secs(30);
 const POD_READS: usize = 5;
+/// `--max-pods` is the largest pod count, at least the kubelet's default.
+const MIN_MAX_PODS: usize = 110;
 const EVENT_HISTOGRAM: &str = "ringlet_pleg_event_latency_seconds";
 const STATUS_HISTOGRAM: &str = "ringlet_pod_status_latency_seconds";
 const RELIST_DURATION: &str = "kubelet_pleg_relist_duration_seconds";
@@ -281,6 +283,13 @@ fn run_mode(
     if mode == "ebpf" {
         wait_for_free_pins()?;
     }
+    let max_pods = args
+        .pods
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or_default()
+        .max(MIN_MAX_PODS);
     let ports = Ports {
         read_only: free_port()?,
         healthz: free_port()?,
@@ -296,6 +305,8 @@ fn run_mode(
             .args(["--port", &free_port()?.to_string()])
             .args(["--hostname-override", NODE])
             .args(["--pleg-mode", mode])
+            // The kubelet's default of 110 would reject the rest, as it should.
+            .args(["--max-pods", &max_pods.to_string()])
             .arg("--events-socket")
             .arg(run_dir.join("events.sock")),
         run_dir.join("ringlet.log"),
@@ -571,7 +582,7 @@ fn markdown(report: &Report) -> String {
         "# Density: ringlet with up to {} pods on one node\n\n\
          ringlet commit `{}`, {}; `cargo xtask bench density` (both PLEG modes in one run, the \
          lab's containerd, static pods: busybox `sleep`, host network, restartPolicy Always, node \
-         `{NODE}`; file limits: agent {}, containerd {})\n\n\
+         `{NODE}`; `--max-pods` the largest count; file limits: agent {}, containerd {})\n\n\
          machine: {}\n\n\
          Each pod count starts from no pods. **all Running**: writing the manifests → every pod \
          Running on `/pods` (read every {} ms). **idle**: after {} s of settling, utime + stime \

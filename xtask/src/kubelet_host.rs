@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::Result;
 pub use ringlet_tests::kubelet_host::HostGuard;
-use ringlet_tests::kubelet_host::{KUBELET_ENV, StandaloneKubelet};
+use ringlet_tests::kubelet_host::{KUBELET_ENV, LabKubelet};
 
 use crate::benchkit::{Agent, free_port};
 use crate::{cluster, cmd, lab};
@@ -43,13 +43,14 @@ pub fn spawn_standalone(
     manifests: &Path,
     read_only_port: u16,
 ) -> Result<Agent> {
-    let standalone = StandaloneKubelet {
+    let standalone = LabKubelet {
         manifests: manifests.to_path_buf(),
         run_dir: run_dir.to_path_buf(),
         root_dir: root_dir.to_path_buf(),
         read_only_port,
         port: free_port()?,
         healthz_port: free_port()?,
+        registration: None,
     };
     Agent::spawn(
         &mut standalone.command(kubelet, node)?,
