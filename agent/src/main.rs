@@ -29,6 +29,7 @@ use ringlet::kubelet::{
     NodeStatusSettings, ProbeDeps, RunPodResult,
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
+use ringlet::memory;
 use ringlet::metrics::Metrics;
 use ringlet::objects::ApiObjects;
 use ringlet::observe;
@@ -44,6 +45,7 @@ use tokio::sync::watch;
 const NODE_LOG_DIR: &str = "/var/log";
 
 fn main() -> ExitCode {
+    memory::limit_malloc_arenas();
     // `ringlet events` inspects a running agent: none of the agent's flags or config apply.
     if std::env::args_os()
         .nth(1)

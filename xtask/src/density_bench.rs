@@ -30,10 +30,15 @@ use crate::{cmd, http, lab, workspace_root};
 const NAMESPACE: &str = "ringlet-bench-density";
 /// Distinct from the tests' and the other benches' nodes: agents only clean up their own pods.
 const NODE: &str = "bench-density";
-/// relist first: it needs no pins, so it runs while another agent may still hold them.
+/// The PLEG modes; relist first: it needs no pins, so it runs while another agent may still hold
+/// them.
 const MODES: [&str; 2] = ["relist", "ebpf"];
 /// A node's file limit for the agent and containerd (`deploy/systemd/ringlet.service`).
 const OPEN_FILES: u64 = 1_048_576;
+/// The `kernel.pid_max` systemd sets at boot on 64-bit machines: the kernel's default of 32768 is
+/// used up by the shims' threads of about a thousand pods.
+const PID_MAX: u64 = 4_194_304;
+const PID_MAX_SYSCTL: &str = "/proc/sys/kernel/pid_max";
 /// `/pods` of a thousand pods is megabytes: reading it often would slow the starts it times.
 const RUNNING_POLL: Duration = Duration::from_millis(250);
 const HEALTH_POLL: Duration = Duration::from_secs(1);
@@ -54,6 +59,9 @@ pub struct DensityArgs {
     /// Pod counts, ascending, comma separated; each starts from no pods.
     #[arg(long, value_delimiter = ',', default_value = "100,500,1000")]
     pods: Vec<usize>,
+    /// The PLEG modes to run, comma separated (both by default).
+    #[arg(long, value_delimiter = ',', default_value = "relist,ebpf")]
+    modes: Vec<String>,
     /// Container exits timed per mode and pod count (one per pod).
     #[arg(long, default_value_t = 40)]
     exits: usize,
@@ -157,6 +165,8 @@ struct Report {
     /// The file limits the agent and containerd ran with.
     agent_open_files: u64,
     containerd_open_files: u64,
+    /// `kernel.pid_max` during the run.
+    pid_max: u64,
     points: Vec<Point>,
     health_checks: u64,
     health_unanswered: u64,
@@ -166,6 +176,9 @@ struct Report {
 pub fn density(args: &DensityArgs) -> Result<()> {
     if args.pods.is_empty() || args.pods.contains(&0) || !args.pods.is_sorted() {
         bail!("--pods needs ascending pod counts, each above 0");
+    }
+    if args.modes.is_empty() || args.modes.iter().any(|m| !MODES.contains(&m.as_str())) {
+        bail!("--modes takes {}", MODES.join(", "));
     }
     if args.exits == 0 || args.window == 0 {
         bail!("--exits and --window must be above 0");
@@ -183,11 +196,15 @@ pub fn density(args: &DensityArgs) -> Result<()> {
         .running_pid()?
         .context("the lab's containerd is not running")?;
     let containerd_open_files = raise_open_files(containerd)?;
+    let pid_max = raise_pid_max()?;
 
     let mut points = Vec::new();
     let mut health = HealthLog::default();
     let mut agent_open_files = OPEN_FILES;
-    for mode in MODES {
+    for mode in MODES
+        .into_iter()
+        .filter(|m| args.modes.iter().any(|a| a == m))
+    {
         println!("== --pleg-mode={mode}");
         let (mode_points, mode_health, limit) = run_mode(&binary, mode, args, containerd)?;
         points.extend(mode_points);
@@ -204,6 +221,7 @@ pub fn density(args: &DensityArgs) -> Result<()> {
         window_s: args.window,
         agent_open_files,
         containerd_open_files,
+        pid_max,
         points,
         health_checks: health.checks,
         health_unanswered: health.unanswered,
@@ -250,6 +268,23 @@ fn raise_open_files(pid: u32) -> Result<u64> {
             .arg(format!("--nofile={hard}:{hard}")),
     )?;
     Ok(hard)
+}
+
+/// Raises `kernel.pid_max` to [`PID_MAX`] when it is lower, as systemd does at boot (PID 1 here is
+/// not systemd); returns the value in force.
+fn raise_pid_max() -> Result<u64> {
+    let current: u64 = fs::read_to_string(PID_MAX_SYSCTL)
+        .with_context(|| format!("reading {PID_MAX_SYSCTL}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("parsing {PID_MAX_SYSCTL}"))?;
+    if current >= PID_MAX {
+        return Ok(current);
+    }
+    fs::write(PID_MAX_SYSCTL, PID_MAX.to_string())
+        .with_context(|| format!("raising {PID_MAX_SYSCTL} from {current} to {PID_MAX}"))?;
+    println!("kernel.pid_max raised from {current} to {PID_MAX}, as systemd sets it at boot");
+    Ok(PID_MAX)
 }
 
 /// The hard `Max open files` of `pid`.
@@ -582,7 +617,8 @@ fn markdown(report: &Report) -> String {
         "# Density: ringlet with up to {} pods on one node\n\n\
          ringlet commit `{}`, {}; `cargo xtask bench density` (both PLEG modes in one run, the \
          lab's containerd, static pods: busybox `sleep`, host network, restartPolicy Always, node \
-         `{NODE}`; `--max-pods` the largest count; file limits: agent {}, containerd {})\n\n\
+         `{NODE}`; `--max-pods` the largest count; file limits: agent {}, containerd {}; \
+         `kernel.pid_max` {})\n\n\
          machine: {}\n\n\
          Each pod count starts from no pods. **all Running**: writing the manifests → every pod \
          Running on `/pods` (read every {} ms). **idle**: after {} s of settling, utime + stime \
@@ -603,6 +639,7 @@ fn markdown(report: &Report) -> String {
         report.date,
         report.agent_open_files,
         report.containerd_open_files,
+        report.pid_max,
         report.machine.describe(),
         RUNNING_POLL.as_millis(),
         report.settle_s,

@@ -289,6 +289,7 @@ impl Kubelet {
             tokio::spawn(pleg.run());
         }
         self.start_node_tasks();
+        tokio::spawn(crate::memory::release_free_pages_periodically());
         self.runtime_state
             .update_runtime_up(self.runtime.as_ref())
             .await;
