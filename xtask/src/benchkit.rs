@@ -482,6 +482,11 @@ pub fn time_exits(
 /// Removes the manifests and waits until the agent has removed every bench container from
 /// containerd; returns how long that took (containerd is listed every 200 ms).
 pub fn cleanup(manifests: &Path, namespace: &str) -> Result<Duration> {
+    cleanup_within(manifests, namespace, CLEANUP_TIMEOUT)
+}
+
+/// [`cleanup`] waiting at most `timeout` (a thousand pods take minutes to go).
+pub fn cleanup_within(manifests: &Path, namespace: &str, timeout: Duration) -> Result<Duration> {
     for entry in fs::read_dir(manifests)? {
         fs::remove_file(entry?.path())?;
     }
@@ -493,9 +498,9 @@ pub fn cleanup(manifests: &Path, namespace: &str) -> Result<Duration> {
             println!("pods gone after {:.1} s", took.as_secs_f64());
             return Ok(took);
         }
-        if started.elapsed() > CLEANUP_TIMEOUT {
+        if started.elapsed() > timeout {
             bail!(
-                "{} bench containers still in containerd {CLEANUP_TIMEOUT:?} after removing the manifests",
+                "{} bench containers still in containerd {timeout:?} after removing the manifests",
                 left.len()
             );
         }

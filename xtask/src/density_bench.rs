@@ -21,9 +21,9 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::benchkit::{
-    self, Agent, Histogram, cleanup, free_port, fresh_run_dir, git_commit, histogram, ms, now_utc,
-    percentile, process_cpu_seconds, rss_mib, runtime_containers, sample, sleep_pod_manifest_on,
-    time_exits, wait_all_running_every, wait_for_free_pins,
+    self, Agent, Histogram, cleanup_within, free_port, fresh_run_dir, git_commit, histogram, ms,
+    now_utc, percentile, process_cpu_seconds, rss_mib, runtime_containers, sample,
+    sleep_pod_manifest_on, time_exits, wait_all_running_every, wait_for_free_pins,
 };
 use crate::{cmd, http, lab, workspace_root};
 
@@ -171,6 +171,9 @@ struct Report {
     health_checks: u64,
     health_unanswered: u64,
     health_failures: Vec<HealthFailure>,
+    /// Why a mode's run stopped early; its counts measured before stay in the report.
+    #[serde(default)]
+    failures: Vec<String>,
 }
 
 pub fn density(args: &DensityArgs) -> Result<()> {
@@ -201,15 +204,17 @@ pub fn density(args: &DensityArgs) -> Result<()> {
     let mut points = Vec::new();
     let mut health = HealthLog::default();
     let mut agent_open_files = OPEN_FILES;
+    let mut failures = Vec::new();
     for mode in MODES
         .into_iter()
         .filter(|m| args.modes.iter().any(|a| a == m))
     {
         println!("== --pleg-mode={mode}");
-        let (mode_points, mode_health, limit) = run_mode(&binary, mode, args, containerd)?;
-        points.extend(mode_points);
-        health.add(mode_health);
-        agent_open_files = agent_open_files.min(limit);
+        let run = run_mode(&binary, mode, args, containerd)?;
+        points.extend(run.points);
+        health.add(run.health);
+        agent_open_files = agent_open_files.min(run.open_files);
+        failures.extend(run.failure);
     }
     let report = Report {
         benchmark: "density".into(),
@@ -226,9 +231,14 @@ pub fn density(args: &DensityArgs) -> Result<()> {
         health_checks: health.checks,
         health_unanswered: health.unanswered,
         health_failures: health.failures,
+        failures,
     };
     benchkit::write_results(&root, "density", &report, &markdown(&report))?;
-    write_svg(&root, &report)
+    write_svg(&root, &report)?;
+    if !report.failures.is_empty() {
+        bail!("the results are partial: {}", report.failures.join("; "));
+    }
+    Ok(())
 }
 
 fn write_views(root: &Path, report: &Report) -> Result<()> {
@@ -299,6 +309,16 @@ fn hard_open_files(pid: u32) -> Result<u64> {
         .with_context(|| format!("no hard open-files limit in /proc/{pid}/limits"))
 }
 
+/// What one mode's run measured, up to where it failed.
+struct ModeRun {
+    points: Vec<Point>,
+    health: HealthLog,
+    /// The file limit the agent ran with.
+    open_files: u64,
+    /// Why the run stopped early, if it did.
+    failure: Option<String>,
+}
+
 /// The ports one agent serves.
 struct Ports {
     read_only: u16,
@@ -310,7 +330,7 @@ fn run_mode(
     mode: &'static str,
     args: &DensityArgs,
     containerd: u32,
-) -> Result<(Vec<Point>, HealthLog, u64)> {
+) -> Result<ModeRun> {
     let (run_dir, manifests, root_dir) = fresh_run_dir(&format!("density-{mode}"))?;
     if !runtime_containers(NAMESPACE)?.is_empty() {
         bail!("containers of namespace {NAMESPACE} are still in containerd from an earlier run");
@@ -370,12 +390,19 @@ fn run_mode(
         }
     }
     // Whatever failed above, the pods go: removing the manifests makes the agent delete them.
-    let cleaned = cleanup(&manifests, NAMESPACE);
+    let cleaned = cleanup_within(&manifests, NAMESPACE, teardown_timeout(max_pods));
     let health = watcher.stop();
     agent.stop();
-    result?;
-    cleaned?;
-    Ok((points, health, open_files))
+    let failure = result
+        .and(cleaned.map(|_| ()))
+        .err()
+        .map(|err| format!("--pleg-mode={mode}: {err:#}"));
+    Ok(ModeRun {
+        points,
+        health,
+        open_files,
+        failure,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -460,7 +487,7 @@ fn measure_count(
     let delta = |family| histogram(&after, family).minus(&histogram(&before, family));
 
     watcher.set_phase(format!("removing {pods} pods"));
-    let teardown = cleanup(manifests, NAMESPACE)?;
+    let teardown = cleanup_within(manifests, NAMESPACE, teardown_timeout(pods))?;
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok(Point {
         mode: mode.into(),
@@ -478,6 +505,11 @@ fn measure_count(
         pods_read_ms: percentile(&reads, 50.0),
         teardown_s: teardown.as_secs_f64(),
     })
+}
+
+/// How long removing `pods` pods may take: a thousand take minutes on this machine.
+fn teardown_timeout(pods: usize) -> Duration {
+    Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(pods).unwrap_or(u32::MAX)
 }
 
 fn read_metrics(port: u16) -> Result<String> {
@@ -703,6 +735,12 @@ fn markdown(report: &Report) -> String {
     );
     for f in &report.health_failures {
         let _ = writeln!(out, "- {}: {} while {}", f.mode, f.status, f.phase);
+    }
+    if !report.failures.is_empty() {
+        out.push_str("\n## Runs that stopped early\n\n");
+        for failure in &report.failures {
+            let _ = writeln!(out, "- {failure}");
+        }
     }
     out.push_str(&targets(report));
     out.push_str("\n![cost per pod](density.svg)\n");
