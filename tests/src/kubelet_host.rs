@@ -160,6 +160,27 @@ evictionHard:
     }
 }
 
+impl LabKubelet {
+    /// Creates its manifest and root directories and starts `kubelet` as node `node`, its output
+    /// going to `kubelet.log` in the run directory.
+    pub fn spawn(&self, kubelet: &Path, node: &str) -> Result<std::process::Child> {
+        fs::create_dir_all(&self.manifests)?;
+        fs::create_dir_all(&self.root_dir)?;
+        let log = fs::File::create(self.log_path())?;
+        self.command(kubelet, node)?
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the upstream kubelet")
+    }
+
+    /// Where [`LabKubelet::spawn`] sends its output.
+    pub fn log_path(&self) -> PathBuf {
+        self.run_dir.join("kubelet.log")
+    }
+}
+
 /// Containers (sandboxes included) in the lab's containerd, of any pod.
 pub fn containers_in_containerd() -> Result<Vec<String>> {
     let out = run(Command::new("ctr")

@@ -146,6 +146,23 @@ fn remove_all_and_check_nothing_is_left(agent: &Agent, uids: &BTreeSet<String>) 
     })
 }
 
+/// Each steady pod in `pods` still runs the container it had (`steady`: name → container id), and
+/// never restarted.
+fn assert_steady_pods_untouched(pods: &BTreeMap<String, Value>, steady: &BTreeMap<String, String>) {
+    for (name, id) in steady {
+        assert_eq!(
+            pods.get(name).and_then(running_id).as_deref(),
+            Some(id.as_str()),
+            "{name} kept its container"
+        );
+        assert_eq!(
+            pods.get(name).map(restart_count),
+            Some(0),
+            "{name} never restarted"
+        );
+    }
+}
+
 /// The UIDs `/pods` shows now, added to `uids`.
 fn note_uids(agent: &Agent, uids: &mut BTreeSet<String>) {
     for pod in agent.pods().unwrap_or_default() {
@@ -343,14 +360,7 @@ fn containerd_stopped_for_twenty_seconds_under_the_agent_loses_and_doubles_nothi
         },
     )
     .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))?;
-    for (name, id) in &steady {
-        assert_eq!(
-            running_id(&settled[name]).as_deref(),
-            Some(id.as_str()),
-            "{name} kept its container"
-        );
-        assert_eq!(restart_count(&settled[name]), 0, "{name} never restarted");
-    }
+    assert_steady_pods_untouched(&settled, &steady);
     let victim_status = container_status(&settled["victim"], "main").context("no victim status")?;
     assert_eq!(
         victim_status["restartCount"], 1,
@@ -530,14 +540,7 @@ fn a_full_disk_and_an_unwritable_event_log_lose_and_double_nothing() -> Result<(
             .contains("appending to the event log works again")
             .then_some(())
     })?;
-    for (name, id) in &steady {
-        assert_eq!(
-            running_id(&settled[name]).as_deref(),
-            Some(id.as_str()),
-            "{name} kept its container"
-        );
-        assert_eq!(restart_count(&settled[name]), 0, "{name} never restarted");
-    }
+    assert_steady_pods_untouched(&settled, &steady);
     assert_eq!(
         restart_count(&settled["victim"]),
         1,

@@ -8,7 +8,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
@@ -333,16 +333,7 @@ impl<'a> KubeletNode<'a> {
                 client_ca_file: cluster.ca_file(),
             }),
         };
-        fs::create_dir_all(&config.manifests)?;
-        fs::create_dir_all(&config.root_dir)?;
-        let log = fs::File::create(dir.path().join("kubelet.log"))?;
-        let child = config
-            .command(kubelet, name)?
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting the upstream kubelet")?;
+        let child = config.spawn(kubelet, name)?;
         let node = Self {
             cluster,
             name: name.to_owned(),
@@ -361,7 +352,7 @@ impl<'a> KubeletNode<'a> {
     }
 
     fn log_tail(&self) -> String {
-        let log = fs::read_to_string(self.config.run_dir.join("kubelet.log")).unwrap_or_default();
+        let log = fs::read_to_string(self.config.log_path()).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }

@@ -444,16 +444,7 @@ impl Kubelet {
             healthz_port: free_port()?,
             registration: None,
         };
-        fs::create_dir_all(&config.manifests)?;
-        fs::create_dir_all(&config.root_dir)?;
-        let log = fs::File::create(dir.path().join("kubelet.log"))?;
-        let child = config
-            .command(binary, NODE)?
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting the upstream kubelet")?;
+        let child = config.spawn(binary, NODE)?;
         let kubelet = Self {
             child,
             read_only_port: config.read_only_port,
@@ -474,7 +465,7 @@ impl Kubelet {
     }
 
     fn log(&self) -> String {
-        fs::read_to_string(self.config.run_dir.join("kubelet.log")).unwrap_or_default()
+        fs::read_to_string(self.config.log_path()).unwrap_or_default()
     }
 
     fn write_manifest(&self, pod: usize) -> Result<()> {
