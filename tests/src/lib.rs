@@ -544,10 +544,10 @@ impl Agent {
         .and_then(|started| started);
         if let Err(err) = started {
             let _ = self.kill();
-            let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(LOG_TAIL_LINES).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!("{err:#}; the end of its log:\n{}", tail.join("\n"));
+            bail!(
+                "{err:#}; the end of its log:\n{}",
+                tail(&self.log(), LOG_TAIL_LINES)
+            );
         }
         Ok(())
     }
@@ -723,9 +723,9 @@ impl Agent {
 }
 
 /// The value of `series` (name and labels exactly as the agent prints them, e.g.
-/// `ringlet_pleg_mode{mode="ebpf"}`) in Prometheus text `metrics`, for counters and gauges with
-/// whole values.
-pub fn metric_value(metrics: &str, series: &str) -> Option<u64> {
+/// `ringlet_pleg_mode{mode="ebpf"}`) in Prometheus text `metrics`, parsed as `T` (`u64` for
+/// counts, `f64` for sums).
+pub fn metric_value<T: std::str::FromStr>(metrics: &str, series: &str) -> Option<T> {
     metrics
         .lines()
         .filter(|line| !line.starts_with('#'))

@@ -18,7 +18,8 @@ use ringlet_tests::kubelet_host::{
     unmount_below, wait_for_empty_containerd,
 };
 use ringlet_tests::{
-    LAB_DIR, free_port, http_get, node_lock, require_cluster, require_ringlet_image, task, wait_for,
+    LAB_DIR, free_port, http_get, metric_value, node_lock, require_cluster, require_ringlet_image,
+    tail, task, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -352,9 +353,10 @@ impl<'a> KubeletNode<'a> {
     }
 
     fn log_tail(&self) -> String {
-        let log = fs::read_to_string(self.config.log_path()).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        tail(
+            &fs::read_to_string(self.config.log_path()).unwrap_or_default(),
+            40,
+        )
     }
 }
 
@@ -428,11 +430,7 @@ fn sleeper_pod(name: &str, namespace: &str, node: &str) -> Value {
 fn observe_metric<T: std::str::FromStr + Default>(series: &str) -> Result<T> {
     let (status, body) = http_get(OBSERVE_PORT, "/metrics")?;
     ensure!(status == 200, "observe mode's /metrics answered {status}");
-    Ok(body
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_default())
+    Ok(metric_value(&body, series).unwrap_or_default())
 }
 
 #[test]

@@ -191,8 +191,8 @@ fn an_exit_reaches_pods_through_a_hint_not_a_safety_relist() -> Result<()> {
     assert_eq!(phase(&pod), "Failed");
 
     let metrics = agent.metrics()?;
-    let full_after = ringlet_tests::metric_value(&metrics, FULL).unwrap_or_default();
-    let targeted_after = ringlet_tests::metric_value(&metrics, TARGETED).unwrap_or_default();
+    let full_after = ringlet_tests::metric_value::<u64>(&metrics, FULL).unwrap_or_default();
+    let targeted_after = ringlet_tests::metric_value::<u64>(&metrics, TARGETED).unwrap_or_default();
     assert_no_safety_relist(
         full_after - full_before,
         agent.log().get(mark..).unwrap_or_default(),
@@ -205,7 +205,7 @@ fn an_exit_reaches_pods_through_a_hint_not_a_safety_relist() -> Result<()> {
         "the exit must have been read by a targeted relist: {targeted_before} -> {targeted_after}"
     );
     assert!(
-        ringlet_tests::metric_value(&metrics, r#"ringlet_pleg_hints_total{kind="died"}"#)
+        ringlet_tests::metric_value::<u64>(&metrics, r#"ringlet_pleg_hints_total{kind="died"}"#)
             .unwrap_or_default()
             >= 1
     );
@@ -380,7 +380,8 @@ fn lost_kernel_events_force_a_full_relist_and_no_pod_is_missed() -> Result<()> {
         })?;
     }
     let metrics = agent.metrics()?;
-    let value = |series: &str| ringlet_tests::metric_value(&metrics, series).unwrap_or_default();
+    let value =
+        |series: &str| ringlet_tests::metric_value::<u64>(&metrics, series).unwrap_or_default();
     assert!(value("ringlet_ebpf_ring_buffer_drops_total") > 0);
     assert!(
         value(r#"ringlet_pleg_hints_total{kind="resync"}"#) > 0,

@@ -606,14 +606,6 @@ impl Histogram {
     }
 }
 
-/// The value of one series in Prometheus text, e.g. `kubelet_pleg_relist_duration_seconds_sum`;
-/// `None` when the text does not have it.
-pub fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-}
-
 /// utime + stime of `pid`, in seconds.
 pub fn process_cpu_seconds(pid: u32) -> Result<f64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -799,14 +791,6 @@ ringlet_pod_status_latency_seconds_bucket{le=\"0.001\"} 7
             Histogram::default().quantile(0.5).is_nan(),
             "no samples, no quantile"
         );
-    }
-
-    #[test]
-    fn sample_reads_one_series_and_not_its_prefix() {
-        let text = "a_sum 1.5\na_sum_other 7\na_count 3\n";
-        assert_eq!(sample(text, "a_sum"), Some(1.5));
-        assert_eq!(sample(text, "a_count"), Some(3.0));
-        assert_eq!(sample(text, "a"), None);
     }
 
     #[test]

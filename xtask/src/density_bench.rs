@@ -22,9 +22,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::benchkit::{
     self, Agent, Histogram, cleanup_within, free_port, fresh_run_dir, git_commit, histogram, ms,
-    now_utc, percentile, process_cpu_seconds, rss_mib, runtime_containers, sample,
-    sleep_pod_manifest_on, time_exits, wait_all_running_every, wait_for_free_pins,
+    now_utc, percentile, process_cpu_seconds, rss_mib, runtime_containers, sleep_pod_manifest_on,
+    time_exits, wait_all_running_every, wait_for_free_pins,
 };
+use ringlet_tests::metric_value;
+
 use crate::{cmd, http, lab, workspace_root};
 
 const NAMESPACE: &str = "ringlet-bench-density";
@@ -446,10 +448,12 @@ fn measure_count(
     agent.exited()?;
     let rss = rss_mib(agent.pid())?;
     let metrics_after = read_metrics(ports.read_only)?;
-    let relists = sample(&metrics_after, &format!("{RELIST_DURATION}_count")).unwrap_or(0.0)
-        - sample(&metrics_before, &format!("{RELIST_DURATION}_count")).unwrap_or(0.0);
-    let relist_seconds = sample(&metrics_after, &format!("{RELIST_DURATION}_sum")).unwrap_or(0.0)
-        - sample(&metrics_before, &format!("{RELIST_DURATION}_sum")).unwrap_or(0.0);
+    let relists = metric_value::<f64>(&metrics_after, &format!("{RELIST_DURATION}_count"))
+        .unwrap_or(0.0)
+        - metric_value::<f64>(&metrics_before, &format!("{RELIST_DURATION}_count")).unwrap_or(0.0);
+    let relist_seconds = metric_value::<f64>(&metrics_after, &format!("{RELIST_DURATION}_sum"))
+        .unwrap_or(0.0)
+        - metric_value::<f64>(&metrics_before, &format!("{RELIST_DURATION}_sum")).unwrap_or(0.0);
     println!(
         "idle: agent {agent_cpu:.2} % of a core, {rss:.1} MiB; containerd {containerd_with_agent:.2} %"
     );
