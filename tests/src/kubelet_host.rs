@@ -189,6 +189,10 @@ pub fn containers_in_containerd() -> Result<Vec<String>> {
     Ok(out.lines().map(str::to_owned).collect())
 }
 
+/// How long the upstream kubelet may take to remove the containers of the pods it was told to
+/// remove: their sandboxes go only at its container GC, which runs once a minute.
+pub const POD_REMOVAL_TIMEOUT: std::time::Duration = std::time::Duration::from_mins(3);
+
 /// Waits (bounded) until containerd holds no container: the upstream kubelet stops every
 /// container it does not know, so it must not meet the pods of others.
 pub fn wait_for_empty_containerd() -> Result<()> {

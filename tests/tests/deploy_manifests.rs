@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, ensure};
 use ringlet_tests::cluster::{Cluster, run, run_with_input};
 use ringlet_tests::kubelet_host::{
-    HostGuard, LabKubelet, Registration, containers_in_containerd, require_upstream_kubelet,
-    unmount_below, wait_for_empty_containerd,
+    HostGuard, LabKubelet, POD_REMOVAL_TIMEOUT, Registration, containers_in_containerd,
+    require_upstream_kubelet, unmount_below, wait_for_empty_containerd,
 };
 use ringlet_tests::{
     LAB_DIR, free_port, http_get, metric_value, node_lock, require_cluster, require_ringlet_image,
@@ -373,7 +373,7 @@ impl Drop for KubeletNode<'_> {
         ]));
         if let Err(err) = wait_for(
             "the kubelet to remove its pods' containers",
-            Duration::from_mins(1),
+            POD_REMOVAL_TIMEOUT,
             || containers_in_containerd().ok()?.is_empty().then_some(()),
         ) {
             eprintln!("{err:#}");

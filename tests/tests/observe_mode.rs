@@ -5,13 +5,13 @@
 //! The outside measurement of a kill: a pidfd on the container's init (its pid from containerd's
 //! task list) becomes readable when the process is dead, and the test's clock (`CLOCK_MONOTONIC`,
 //! the clock of the kernel's BPF timestamps that observe mode measures from) is read then; the test
-//! then polls the kubelet's `/pods` back to back until it reports the container terminated
+//! then polls the kubelet's `/pods` until it reports the container terminated
 //! (terminated state, or a restart whose last state is that container) and reads the clock again.
 //! Observe mode's value for the same kill comes from its live event stream (`ringlet events
 //! --socket … -o json`): each measurement is a `StatusUpdated` event naming the container id with
 //! the lag as its `kernel_to_event_ns`, the same feature an operator uses, not a test-only hook.
-//! The test's polls take milliseconds each (a fresh connection and a JSON parse in a debug build),
-//! and the death lies somewhere between the SIGKILL and the pidfd turning readable, so its
+//! The test's polls take milliseconds each (a fresh connection and a JSON parse in a debug build,
+//! then a pause of [`POLL_PAUSE`]), and the death lies somewhere between the SIGKILL and the pidfd turning readable, so its
 //! measurement is a window: from the last poll that did not show the exit to the first that did,
 //! counted from the death's latest and earliest possible moments. Kill by kill, observe mode's value (it polls every 1 ms)
 //! must lie in that window widened by [`TOLERANCE`] either side; and the histogram on `/metrics` must hold exactly the 20
@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use ringlet_tests::cluster::run_with_input;
 use ringlet_tests::kubelet_host::{
-    HostGuard, LabKubelet, containers_in_containerd, kubelet_from_env, unmount_below,
-    wait_for_empty_containerd,
+    HostGuard, LabKubelet, POD_REMOVAL_TIMEOUT, containers_in_containerd, kubelet_from_env,
+    unmount_below, wait_for_empty_containerd,
 };
 use ringlet_tests::{
     LAB_DIR, containers_of_node, free_port, http_get, image_binary, metric_value, node_lock,
@@ -49,10 +49,14 @@ const TEST: &str = "observe_mode";
 const NODE: &str = "observe-test";
 const PODS: usize = 10;
 const KILLS_PER_POD: usize = 2;
-/// Issue 15 asks for 5 ms. Runs here put observe mode's value up to 6.6 ms past the test's window
-/// on 2 or 3 kills of 20 (its `/pods` poll cycle at times takes that long; not profiled yet), so
-/// the test holds it to 10 ms until that is found.
-const TOLERANCE: Duration = Duration::from_millis(10);
+/// How far observe mode's value may lie outside the test's window (issue 15: 5 ms). Observe mode
+/// starts a read of `/pods` every millisecond, overlapping, so it sees a report about one read's
+/// duration after the test does.
+const TOLERANCE: Duration = Duration::from_millis(5);
+/// The test's own polls of `/pods` pause this long between them: back to back, a debug build's
+/// fresh connection and JSON parse keep a core busy, and on two cores that delays the kubelet and
+/// observe mode by milliseconds at random. The pause widens the test's window by as much.
+const POLL_PAUSE: Duration = Duration::from_millis(1);
 const PIN_PATH: &str = "/sys/fs/bpf/ringlet-observe-test";
 
 #[test]
@@ -147,6 +151,14 @@ fn observe_mode_measures_the_kubelets_status_lag_as_an_outside_observer_does() -
 /// Every kill's lag as observe mode measured it lies in the test's window for it (widened by
 /// [`TOLERANCE`]).
 fn assert_agreement(differences: &[(&String, ReportWindow, Duration)]) {
+    for (container, outside, seen) in differences {
+        println!(
+            "{container}: outside {:?} to {:?}, observe mode {seen:?} ({:+.2} ms past the window's end)",
+            outside.earliest,
+            outside.latest,
+            (seen.as_secs_f64() - outside.latest.as_secs_f64()) * 1e3
+        );
+    }
     let disagreeing: Vec<String> = differences
         .iter()
         .filter(|(_, outside, seen)| !outside.agrees_with(*seen))
@@ -298,6 +310,7 @@ fn kill_and_measure(kubelet: &Kubelet, pod: usize, container: &str) -> Result<Re
         if Instant::now() > deadline {
             bail!("the kubelet did not report the exit of {container} within 60 s");
         }
+        std::thread::sleep(POLL_PAUSE);
     }
 }
 
@@ -506,7 +519,7 @@ impl Drop for Kubelet {
         }
         if let Err(err) = wait_for(
             "the kubelet to remove its pods",
-            Duration::from_mins(1),
+            POD_REMOVAL_TIMEOUT,
             || containers_of_node(NODE).ok()?.is_empty().then_some(()),
         ) {
             eprintln!("{TEST}: {err:#}; kubelet log:\n{}", tail(&self.log(), 30));

@@ -15,7 +15,7 @@ use kube::runtime::watcher::{self, Event};
 
 use super::ObserveError;
 use super::health::Health;
-use super::lag::LagTracker;
+use super::lag::{LagTracker, PodReport};
 use crate::apiserver::{ApiClient, ApiClientOptions};
 use crate::error_chain::error_chain;
 use crate::pleg::monotonic_now_ns;
@@ -55,7 +55,7 @@ pub async fn run(
             Ok(Some(event)) => {
                 let seen_at = monotonic_now_ns();
                 if let Event::Apply(pod) | Event::InitApply(pod) = &event {
-                    tracker.settle([pod], seen_at);
+                    tracker.settle([&PodReport::from(pod)], seen_at);
                 } else {
                     tracker.settle([], seen_at);
                 }

@@ -1,13 +1,16 @@
 //! The `kubelet-pods` source: the kubelet's own `GET /pods` (the read-only port, or the
 //! authenticated one with a CA bundle and a bearer token), polled every few milliseconds while an
-//! exit waits and not at all otherwise. A failed or undecodable read is logged (once per change of
-//! the problem), counted and shown on `/healthz?verbose`; the loop goes on.
+//! exit waits and not at all otherwise. Reads overlap, so a slow answer does not delay the next
+//! read. A failed or undecodable read is logged (once per change of the problem), counted and
+//! shown on `/healthz?verbose`; the loop goes on.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::header::{AUTHORIZATION, HeaderValue};
 use hyper::{Request, StatusCode, Uri};
@@ -15,11 +18,11 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use k8s_openapi::api::core::v1::Pod;
+use tokio::time::MissedTickBehavior;
 
 use super::ObserveError;
 use super::health::Health;
-use super::lag::LagTracker;
+use super::lag::{LagTracker, PodReport};
 use crate::error_chain::error_chain;
 use crate::pleg::monotonic_now_ns;
 
@@ -29,6 +32,8 @@ const MAX_BODY_BYTES: usize = 256 << 20;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed read the next waits this long, so a kubelet that is down is not hammered.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+/// Reads of `/pods` that may be under way at once.
+const MAX_READS_IN_FLIGHT: usize = 4;
 
 /// What a `/pods` read failed on.
 #[derive(Debug, thiserror::Error)]
@@ -57,15 +62,15 @@ pub enum PodsReadError {
     },
 }
 
-/// The body of `/pods`: a `PodList`, of which only the items matter.
+/// The body of `/pods`: a `PodList`, of which only what its items report matters.
 #[derive(serde::Deserialize)]
 struct PodList {
     #[serde(default)]
-    items: Vec<Pod>,
+    items: Vec<PodReport>,
 }
 
 /// Decodes a `/pods` body.
-pub fn decode_pods(url: &str, body: &[u8]) -> Result<Vec<Pod>, PodsReadError> {
+pub fn decode_pods(url: &str, body: &[u8]) -> Result<Vec<PodReport>, PodsReadError> {
     serde_json::from_slice::<PodList>(body)
         .map(|list| list.items)
         .map_err(|source| PodsReadError::Decode {
@@ -157,7 +162,7 @@ impl KubeletPods {
     }
 
     /// Reads `/pods` once; returns the pods and the `CLOCK_MONOTONIC` ns the answer was in.
-    pub async fn read(&self) -> Result<(Vec<Pod>, u64), PodsReadError> {
+    pub async fn read(&self) -> Result<(Vec<PodReport>, u64), PodsReadError> {
         let mut request = Request::get(self.uri.clone());
         if let Some(token) = &self.token {
             request = request.header(AUTHORIZATION, token.clone());
@@ -232,7 +237,9 @@ fn client_tls(ca_file: &Path) -> Result<rustls::ClientConfig, ObserveError> {
     .with_no_client_auth())
 }
 
-/// Polls `/pods` every `interval` while `tracker` has exits waiting; forever.
+/// Polls `/pods` every `interval` while `tracker` has exits waiting; forever. A read starts every
+/// `interval` whether or not the ones before have answered (up to [`MAX_READS_IN_FLIGHT`]), so how
+/// soon a report is seen does not grow with how long the kubelet takes to answer.
 pub async fn run(
     pods: KubeletPods,
     tracker: Arc<LagTracker>,
@@ -241,32 +248,39 @@ pub async fn run(
 ) {
     let source = tracker.source();
     // Read once at start so an unreachable kubelet shows at once, not at the first exit.
-    let mut last_problem = report(&pods, &tracker, &health, None).await;
+    let mut last_problem = settle_read(&pods, &tracker, &health, None, pods.read().await);
     loop {
         tracker.wait_for_exits().await;
+        let mut reads = FuturesUnordered::new();
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
         while !tracker.is_idle() {
-            last_problem = report(&pods, &tracker, &health, last_problem).await;
-            let pause = if last_problem.is_some() {
-                RETRY_AFTER_ERROR
-            } else {
-                interval
-            };
-            tokio::time::sleep(pause).await;
+            tokio::select! {
+                biased;
+                Some(result) = reads.next(), if !reads.is_empty() => {
+                    last_problem = settle_read(&pods, &tracker, &health, last_problem.as_deref(), result);
+                    if last_problem.is_some() {
+                        ticks.reset_after(RETRY_AFTER_ERROR);
+                    }
+                }
+                _ = ticks.tick(), if reads.len() < MAX_READS_IN_FLIGHT => reads.push(pods.read()),
+            }
         }
         tracing::debug!(source = source.label(), "no exits waiting; polling stops");
     }
 }
 
-/// One read, settled against the tracker; returns the problem it had, logging it when it differs
+/// Settles one read against the tracker; returns the problem it had, logging it when it differs
 /// from the one before (and the recovery when there is none any more).
-async fn report(
+fn settle_read(
     pods: &KubeletPods,
     tracker: &LagTracker,
     health: &Health,
-    last_problem: Option<String>,
+    last_problem: Option<&str>,
+    read: Result<(Vec<PodReport>, u64), PodsReadError>,
 ) -> Option<String> {
     let source = tracker.source();
-    match pods.read().await {
+    match read {
         Ok((listed, seen_at)) => {
             tracker.settle(&listed, seen_at);
             if last_problem.is_some() {
@@ -282,7 +296,7 @@ async fn report(
         Err(err) => {
             let problem = error_chain(&err);
             tracker.count_error();
-            if last_problem.as_deref() != Some(problem.as_str()) {
+            if last_problem != Some(problem.as_str()) {
                 tracing::warn!(
                     source = source.label(),
                     "reading the kubelet's pods (retrying): {problem}"
@@ -305,10 +319,10 @@ mod tests {
     fn a_pod_list_decodes_and_bad_json_says_what_it_was() {
         let pods = decode_pods(
             "http://k/pods",
-            br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[{"metadata":{"name":"a","uid":"u"}}]}"#,
+            br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[{"metadata":{"name":"a","uid":"u"}},{"spec":{}}]}"#,
         )
         .unwrap();
-        assert_eq!(pods[0].metadata.name.as_deref(), Some("a"));
+        assert_eq!(pods.len(), 2);
         let err = decode_pods("http://k/pods", b"<html>nope</html>").unwrap_err();
         assert!(
             error_chain(&err).starts_with("the answer of GET http://k/pods is not a pod list: "),
@@ -364,10 +378,13 @@ mod tests {
         );
         let health = Health::default();
         let pods = KubeletPods::new(&format!("http://127.0.0.1:{port}"), None, None).unwrap();
-        let problem = report(&pods, &tracker, &health, None).await.unwrap();
+        let problem = settle_read(&pods, &tracker, &health, None, pods.read().await).unwrap();
         assert!(problem.contains("is not a pod list"), "{problem}");
         assert!(health.render(true).contains("kubelet_pods"));
-        assert_eq!(report(&pods, &tracker, &health, Some(problem)).await, None);
+        assert_eq!(
+            settle_read(&pods, &tracker, &health, Some(&problem), pods.read().await),
+            None
+        );
         assert!(
             metrics
                 .render()

@@ -27,18 +27,115 @@ pub struct PendingExit {
     pub kernel_time_ns: u64,
 }
 
+/// What of a pod tells whether the kubelet reported an exit: its uid, the static pod's uid a
+/// mirror pod carries, and its container statuses' names, ids and terminated states. Decoding only
+/// this from `/pods` skips the rest of each pod, which is most of the work of a read.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct PodReport {
+    #[serde(default)]
+    metadata: ReportedMetadata,
+    #[serde(default)]
+    status: Option<ReportedStatus>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct ReportedMetadata {
+    uid: Option<String>,
+    annotations: Option<MirrorAnnotation>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct MirrorAnnotation {
+    #[serde(rename = "kubernetes.io/config.mirror")]
+    static_pod_uid: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(clippy::struct_field_names, reason = "the API's field names")]
+struct ReportedStatus {
+    container_statuses: Option<Vec<ReportedContainer>>,
+    init_container_statuses: Option<Vec<ReportedContainer>>,
+    ephemeral_container_statuses: Option<Vec<ReportedContainer>>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReportedContainer {
+    name: String,
+    #[serde(rename = "containerID")]
+    container_id: Option<String>,
+    state: Option<ReportedState>,
+    last_state: Option<ReportedState>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct ReportedState {
+    terminated: Option<ReportedTermination>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+struct ReportedTermination {
+    #[serde(rename = "containerID")]
+    container_id: Option<String>,
+}
+
+impl From<&Pod> for PodReport {
+    fn from(pod: &Pod) -> Self {
+        let containers = |statuses: &Option<Vec<ContainerStatus>>| {
+            statuses.as_ref().map(|statuses| {
+                statuses
+                    .iter()
+                    .map(|c| ReportedContainer {
+                        name: c.name.clone(),
+                        container_id: c.container_id.clone(),
+                        state: c.state.as_ref().map(|s| ReportedState {
+                            terminated: s.terminated.as_ref().map(|t| ReportedTermination {
+                                container_id: t.container_id.clone(),
+                            }),
+                        }),
+                        last_state: c.last_state.as_ref().map(|s| ReportedState {
+                            terminated: s.terminated.as_ref().map(|t| ReportedTermination {
+                                container_id: t.container_id.clone(),
+                            }),
+                        }),
+                    })
+                    .collect()
+            })
+        };
+        Self {
+            metadata: ReportedMetadata {
+                uid: pod.metadata.uid.clone(),
+                annotations: Some(MirrorAnnotation {
+                    static_pod_uid: pod
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(MIRROR_ANNOTATION))
+                        .cloned(),
+                }),
+            },
+            status: pod.status.as_ref().map(|status| ReportedStatus {
+                container_statuses: containers(&status.container_statuses),
+                init_container_statuses: containers(&status.init_container_statuses),
+                ephemeral_container_statuses: containers(&status.ephemeral_container_statuses),
+            }),
+        }
+    }
+}
+
 /// Whether `pod` shows the kubelet reporting `exit`: the pod is the exit's (by uid, or for a mirror
 /// pod by its static pod's uid) and one of its container statuses of that name either is the
 /// container, terminated, or has it as its last, terminated, state (the kubelet restarted it).
-pub fn reports_exit(pod: &Pod, exit: &PendingExit) -> bool {
+pub fn reports_exit(pod: &PodReport, exit: &PendingExit) -> bool {
     let uid = exit.container.pod_uid.as_str();
     let same_pod = pod.metadata.uid.as_deref() == Some(uid)
         || pod
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(MIRROR_ANNOTATION))
-            .is_some_and(|mirror| mirror == uid);
+            .and_then(|a| a.static_pod_uid.as_deref())
+            == Some(uid);
     if !same_pod {
         return false;
     }
@@ -58,20 +155,17 @@ pub fn reports_exit(pod: &Pod, exit: &PendingExit) -> bool {
     .any(|c| shows_terminated(c, id))
 }
 
-fn shows_terminated(status: &ContainerStatus, id: &str) -> bool {
-    let current = status
-        .state
-        .as_ref()
-        .and_then(|s| s.terminated.as_ref())
-        .is_some()
+fn shows_terminated(status: &ReportedContainer, id: &str) -> bool {
+    let current = termination(status.state.as_ref()).is_some()
         && status.container_id.as_deref().is_some_and(|c| names(c, id));
-    let last = status
-        .last_state
-        .as_ref()
-        .and_then(|s| s.terminated.as_ref())
+    let last = termination(status.last_state.as_ref())
         .and_then(|t| t.container_id.as_deref())
         .is_some_and(|c| names(c, id));
     current || last
+}
+
+fn termination(state: Option<&ReportedState>) -> Option<&ReportedTermination> {
+    state.and_then(|s| s.terminated.as_ref())
 }
 
 /// Whether a status's `containerID` (`<runtime>://<id>`) names container `id`.
@@ -152,10 +246,10 @@ impl LagTracker {
     /// gives up on those older than the bound. Returns the settled exits with their lag.
     pub fn settle<'a>(
         &self,
-        pods: impl IntoIterator<Item = &'a Pod>,
+        pods: impl IntoIterator<Item = &'a PodReport>,
         seen_at_ns: u64,
     ) -> Vec<(PendingExit, Duration)> {
-        let pods: Vec<&Pod> = pods.into_iter().collect();
+        let pods: Vec<&PodReport> = pods.into_iter().collect();
         let (settled, gave_up, left) = {
             let mut pending = self.pending();
             let mut settled = Vec::new();
@@ -237,7 +331,7 @@ mod tests {
         clippy::needless_pass_by_value,
         reason = "callers build the value inline"
     )]
-    fn pod(status: serde_json::Value) -> Pod {
+    fn pod(status: serde_json::Value) -> PodReport {
         serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "default", "uid": "uid-1"},
             "status": status,
@@ -276,18 +370,44 @@ mod tests {
 
     #[test]
     fn a_mirror_pod_answers_for_its_static_pod() {
-        let mut mirror = pod(json!({"initContainerStatuses": [{
-            "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
-            "containerID": "containerd://aaa", "state": {"terminated": {"exitCode": 0}}
-        }]}));
-        mirror.metadata.uid = Some("api-uid".to_owned());
-        assert!(!reports_exit(&mirror, &exit("aaa")));
-        mirror.metadata.annotations = Some(
-            [(MIRROR_ANNOTATION.to_owned(), "uid-1".to_owned())]
-                .into_iter()
-                .collect(),
-        );
-        assert!(reports_exit(&mirror, &exit("aaa")));
+        let mirror = |annotations: serde_json::Value| -> PodReport {
+            serde_json::from_value(json!({
+                "metadata": {"uid": "api-uid", "annotations": annotations},
+                "status": {"initContainerStatuses": [{
+                    "name": "main", "image": "busybox", "imageID": "", "ready": false,
+                    "restartCount": 0, "containerID": "containerd://aaa",
+                    "state": {"terminated": {"exitCode": 0}}
+                }]}
+            }))
+            .unwrap()
+        };
+        assert!(!reports_exit(&mirror(json!({"a": "b"})), &exit("aaa")));
+        let annotated = mirror(json!({"a": "b", MIRROR_ANNOTATION: "uid-1"}));
+        assert!(reports_exit(&annotated, &exit("aaa")));
+    }
+
+    /// The apiserver source hands over whole pods: converted, they tell the same as the report
+    /// decoded from the same JSON.
+    #[test]
+    fn a_whole_pod_converts_to_the_same_report() {
+        let json = json!({
+            "metadata": {"uid": "api-uid", "annotations": {MIRROR_ANNOTATION: "uid-1"}},
+            "status": {"containerStatuses": [{
+                "name": "main", "image": "busybox", "imageID": "", "ready": true,
+                "restartCount": 1, "containerID": "containerd://bbb", "state": {"running": {}},
+                "lastState": {"terminated": {"exitCode": 137, "containerID": "containerd://aaa"}}
+            }]}
+        });
+        let whole: Pod = serde_json::from_value(json.clone()).unwrap();
+        let decoded: PodReport = serde_json::from_value(json).unwrap();
+        for id in ["aaa", "bbb", "ccc"] {
+            assert_eq!(
+                reports_exit(&PodReport::from(&whole), &exit(id)),
+                reports_exit(&decoded, &exit(id)),
+                "{id}"
+            );
+        }
+        assert!(reports_exit(&decoded, &exit("aaa")));
     }
 
     #[tokio::test]
