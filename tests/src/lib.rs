@@ -24,6 +24,7 @@ pub mod cluster_node;
 pub mod daemon;
 pub mod kubelet_host;
 pub mod node_lock;
+pub mod stalling_proxy;
 
 pub use cluster::{Cluster, require_cluster};
 
@@ -382,6 +383,8 @@ pub struct AgentOptions {
     pub env: Vec<(String, String)>,
     /// `--root-dir` instead of `root/` in the agent's own directory (e.g. a small tmpfs).
     pub root_dir: Option<PathBuf>,
+    /// The CRI socket instead of the lab's containerd's (e.g. a proxy in front of it).
+    pub runtime_socket: Option<PathBuf>,
 }
 
 /// A running `ringlet` with its own directories and ports. Dropping it removes its manifests, waits
@@ -399,6 +402,7 @@ pub struct Agent {
     wrapper: Vec<String>,
     client_ca_file: PathBuf,
     root_dir: PathBuf,
+    runtime_socket: PathBuf,
     // Dropped after the agent is stopped (fields drop after `Drop::drop`).
     _node_lock: node_lock::NodeLock,
 }
@@ -465,6 +469,9 @@ impl Agent {
             child: None,
             client_ca_file,
             root_dir,
+            runtime_socket: options
+                .runtime_socket
+                .unwrap_or_else(|| PathBuf::from(CONTAINERD_SOCKET)),
             dir,
             node,
             read_only_port: free_port()?,
@@ -524,7 +531,7 @@ impl Agent {
                 "--client-ca-file",
                 &self.client_ca_file.display().to_string(),
                 "--container-runtime-endpoint",
-                &format!("unix://{CONTAINERD_SOCKET}"),
+                &format!("unix://{}", self.runtime_socket.display()),
                 "--events-socket",
                 &self.events_socket().display().to_string(),
             ])

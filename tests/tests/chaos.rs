@@ -3,7 +3,8 @@
 //! re-created), every exit that happened is reported with its exit code, and nothing of a pod
 //! (containers, sandboxes, pod cgroups, pod directory) is left once it is gone. Run as root after
 //! `cargo xtask lab up`, one test at a time. The faults: the agent killed over and over while pods
-//! churn, containerd stopped under it, and and its root dir's disk full, `events.log` included.
+//! churn, containerd stopped under it, its root dir's disk full (`events.log` included), and every
+//! CRI call hanging for longer than the PLEG's relist threshold.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -12,10 +13,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use ringlet::pleg::RELIST_THRESHOLD;
 use ringlet_tests::cluster::run;
+use ringlet_tests::stalling_proxy::StallingProxy;
 use ringlet_tests::{
-    Agent, AgentOptions, busybox_pod, container_labels, container_status, containers_of_node,
-    http_get, lab_containerd, phase, require_lab, restart_lab_containerd, task, wait_for,
+    Agent, AgentOptions, CONTAINERD_SOCKET, busybox_pod, container_labels, container_status,
+    containers_of_node, http_get, lab_containerd, phase, require_lab, restart_lab_containerd, task,
+    wait_for,
 };
 use serde_json::Value;
 
@@ -555,5 +559,88 @@ fn a_full_disk_and_an_unwritable_event_log_lose_and_double_nothing() -> Result<(
         );
     }
     note_uids(&agent, &mut uids);
+    remove_all_and_check_nothing_is_left(&agent, &uids)
+}
+
+#[test]
+fn a_hanging_runtime_turns_the_pleg_unhealthy_and_loses_and_doubles_nothing() -> Result<()> {
+    let test = "a_hanging_runtime_turns_the_pleg_unhealthy_and_loses_and_doubles_nothing";
+    if !require_lab(test) {
+        return Ok(());
+    }
+    // Declared before the agent, so they are dropped after it: it removes its pods through them.
+    let socket_dir = tempfile::tempdir()?;
+    let proxy = StallingProxy::start(
+        &socket_dir.path().join("cri.sock"),
+        Path::new(CONTAINERD_SOCKET),
+    )?;
+    let agent = Agent::start(
+        "chaos-stall",
+        AgentOptions {
+            runtime_socket: Some(proxy.socket().to_path_buf()),
+            ..AgentOptions::default()
+        },
+    )?;
+    let names: Vec<String> = (0..3).map(|i| format!("steady-{i}")).collect();
+    let steady = start_pods(&agent, &names, "Always", "exec sleep 3600")?;
+    let victim = start_pods(&agent, &["victim".to_owned()], "Always", "exec sleep 3600")?;
+    let mut uids = BTreeSet::new();
+    note_uids(&agent, &mut uids);
+    let (victim_pid, _) = task(&victim["victim"])?.context("the victim has no task")?;
+
+    // Every CRI call hangs from now on; the victim dies meanwhile. After the relist threshold
+    // without a completed relist the PLEG reports unhealthy, while the agent keeps answering.
+    proxy.stall();
+    let killed = ringlet_tests::daemon::signal(victim_pid, libc::SIGKILL);
+    let unhealthy = wait_for(
+        "the PLEG to turn unhealthy",
+        RELIST_THRESHOLD + Duration::from_mins(1),
+        || {
+            let (code, body) = http_get(agent.healthz_port, "/healthz/pleg").ok()?;
+            (code != 200).then_some(body)
+        },
+    );
+    let overall = http_get(agent.healthz_port, "/healthz");
+    // Released whatever happened, so a failure here does not strand the agent's pods.
+    proxy.release();
+    ensure!(killed, "could not kill the victim's process {victim_pid}");
+    let unhealthy = unhealthy
+        .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 40)))?;
+    ensure!(
+        unhealthy.contains("pleg was last seen active"),
+        "/healthz/pleg says why: {unhealthy}"
+    );
+    let (code, body) = overall.context("the agent stopped answering /healthz")?;
+    ensure!(code == 500, "/healthz is unhealthy too: {code} {body}");
+
+    wait_for("the agent to turn healthy again", SETTLE, || {
+        let (code, body) = http_get(agent.healthz_port, "/healthz").ok()?;
+        (code == 200 && body == "ok").then_some(())
+    })
+    .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 40)))?;
+    let settled = wait_for("the victim to run again", SETTLE, || {
+        let pods = pods_by_name(&agent).ok()?;
+        let victim = pods.get("victim")?;
+        (running_id(victim).is_some() && restart_count(victim) >= 1).then_some(pods)
+    })
+    .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))?;
+    assert_steady_pods_untouched(&settled, &steady);
+    let victim_status = container_status(&settled["victim"], "main").context("no victim status")?;
+    assert_eq!(
+        victim_status["restartCount"], 1,
+        "the victim died once: {victim_status}"
+    );
+    assert_eq!(
+        victim_status["lastState"]["terminated"]["exitCode"], 137,
+        "the exit is reported with its code: {victim_status}"
+    );
+    let by_pod = containers_by_pod(&agent.node)?;
+    for name in steady.keys() {
+        assert_eq!(
+            by_pod.get(name).map(Vec::len),
+            Some(1),
+            "{name}: nothing doubled"
+        );
+    }
     remove_all_and_check_nothing_is_left(&agent, &uids)
 }
