@@ -287,6 +287,27 @@ impl GenericPleg {
         }
     }
 
+    /// Awaits `read` (a relist's runtime call) while taking the kernel's hints as they arrive, so a
+    /// proven exit is published at once however long the runtime takes to answer. What is accepted
+    /// meanwhile is consistent with the read: a relist overlays the kernel's exits on what it read.
+    async fn taking_hints_meanwhile<T>(&mut self, read: impl Future<Output = T>) -> T {
+        let mut read = std::pin::pin!(read);
+        loop {
+            let Some(hints) = self.hints.as_mut() else {
+                return read.await;
+            };
+            let hint = tokio::select! {
+                biased;
+                result = &mut read => return result,
+                hint = hints.recv() => hint,
+            };
+            match hint {
+                Some(hint) => self.accept(hint),
+                None => self.hint_source_closed(),
+            }
+        }
+    }
+
     fn accept(&mut self, hint: Hint) {
         match hint {
             Hint::Pod(hint) => {
@@ -477,7 +498,10 @@ impl GenericPleg {
         if let Some(last) = self.shared.last_full_relist() {
             self.metrics.observe_relist_interval(start - last);
         }
-        let listed = self.runtime.get_pods(true).await;
+        let runtime = Arc::clone(&self.runtime);
+        let listed = self
+            .taking_hints_meanwhile(async move { runtime.get_pods(true).await })
+            .await;
         self.metrics.observe_relist_duration(start.elapsed());
         let pods = match listed {
             Ok(pods) => pods,
@@ -581,7 +605,9 @@ impl GenericPleg {
         }
         let start = Instant::now();
         self.metrics.inc_relist(RelistType::Targeted);
-        let mut status = match self.read_pod(uid, known.as_ref()).await {
+        let listed_before = known.is_some();
+        let read = read_pod(Arc::clone(&self.runtime), uid.clone(), known);
+        let mut status = match self.taking_hints_meanwhile(read).await {
             Ok(Some(status)) => status,
             // The runtime has nothing of the pod (yet): an empty read, so a kernel-reported start
             // is waited for like any other lagging one.
@@ -593,7 +619,7 @@ impl GenericPleg {
                 tracing::warn!(error = %error, cause = %source_of(&error),
                     "targeted relist failed, re-inspecting next full relist");
                 // A pod not listed yet needs no re-inspection: the next full relist lists it.
-                if known.is_some() {
+                if listed_before {
                     self.reinspect.insert(uid.clone());
                 }
                 self.queue.forget(uid);
@@ -665,36 +691,6 @@ impl GenericPleg {
         self.update_running_metrics();
         if let Some(pod) = self.records.get(uid).and_then(|r| r.old.as_ref()) {
             self.learn_inits([pod]);
-        }
-    }
-
-    /// Reads one pod's status: by name when the PLEG knows it (`known`: name and namespace), else
-    /// by its uid label; `None` when the runtime has nothing of an unlisted pod.
-    async fn read_pod(
-        &self,
-        uid: &PodUid,
-        known: Option<&(String, String)>,
-    ) -> Result<Option<PodStatus>, PlegError> {
-        match known {
-            Some((name, namespace)) => self
-                .runtime
-                .get_pod_status(uid, name, namespace)
-                .await
-                .map(Some)
-                .map_err(|source| PlegError::InspectPod {
-                    uid: uid.clone(),
-                    name: name.clone(),
-                    namespace: namespace.clone(),
-                    source,
-                }),
-            None => self
-                .runtime
-                .get_pod_status_by_uid(uid)
-                .await
-                .map_err(|source| PlegError::InspectUnlistedPod {
-                    uid: uid.clone(),
-                    source,
-                }),
         }
     }
 
@@ -865,6 +861,31 @@ impl GenericPleg {
                 .map(|t| Duration::from_nanos(super::monotonic_now_ns().saturating_sub(t))),
             observed_at: SystemTime::now(),
         })
+    }
+}
+
+/// Reads one pod's status: by name when the PLEG knows it (`known`: name and namespace), else by its
+/// uid label; `None` when the runtime has nothing of an unlisted pod.
+async fn read_pod(
+    runtime: Arc<dyn Runtime>,
+    uid: PodUid,
+    known: Option<(String, String)>,
+) -> Result<Option<PodStatus>, PlegError> {
+    match known {
+        Some((name, namespace)) => runtime
+            .get_pod_status(&uid, &name, &namespace)
+            .await
+            .map(Some)
+            .map_err(|source| PlegError::InspectPod {
+                uid,
+                name,
+                namespace,
+                source,
+            }),
+        None => runtime
+            .get_pod_status_by_uid(&uid)
+            .await
+            .map_err(|source| PlegError::InspectUnlistedPod { uid, source }),
     }
 }
 

@@ -35,6 +35,9 @@ struct FakeRuntime {
     init_pid_calls: Mutex<Vec<ContainerId>>,
     /// Exit codes of exited containers (0 when not set).
     exit_codes: Mutex<HashMap<ContainerId, i32>>,
+    /// Listings and pod reads wait for a read lock on this: a test that holds the write lock has
+    /// them hang, as on a runtime slow to answer (the call is counted first).
+    answering: tokio::sync::RwLock<()>,
 }
 
 impl FakeRuntime {
@@ -133,6 +136,7 @@ impl Runtime for FakeRuntime {
     async fn get_pods(&self, all: bool) -> Result<Vec<RunningPod>, RuntimeError> {
         assert!(all, "the relister must list exited containers too");
         *self.list_calls.lock().unwrap() += 1;
+        let _answering = self.answering.read().await;
         if *self.fail_list.lock().unwrap() {
             return Err(RuntimeError::Other("list failed".to_owned()));
         }
@@ -146,6 +150,7 @@ impl Runtime for FakeRuntime {
         namespace: &str,
     ) -> Result<PodStatus, RuntimeError> {
         self.status_calls.lock().unwrap().push(uid.clone());
+        let _answering = self.answering.read().await;
         if self.fail_status.lock().unwrap().contains(uid) {
             return Err(RuntimeError::Other("status failed".to_owned()));
         }
@@ -1420,6 +1425,51 @@ async fn a_proven_init_exit_is_published_before_the_runtime_reports_it() {
         "settled after {reads} reads"
     );
     assert_eq!(t.runtime.take_list_calls(), 0);
+}
+
+/// A proven exit that arrives while a relist waits for the runtime is published at once: the relist
+/// (targeted here, started by another process's exit) does not hold the kernel's hints back.
+#[tokio::test(start_paused = true)]
+async fn a_proven_exit_is_published_while_a_targeted_relist_waits_for_the_runtime() {
+    let mut t = start_with_init_42().await;
+    let hanging = t.runtime.answering.write().await;
+    t.hints.send(killed(4242)).await.unwrap();
+    settle().await;
+    assert_eq!(
+        t.runtime.take_status_calls(),
+        vec![PodUid::from("p")],
+        "a targeted relist waits for the runtime"
+    );
+    t.hints.send(killed(42)).await.unwrap();
+    settle().await;
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_eq!(cached_c1(&t).state, ContainerState::Exited);
+
+    drop(hanging);
+    settle().await;
+    assert!(
+        drain(&mut t.events).is_empty(),
+        "the read that was waiting (the container still running) sends nothing more"
+    );
+    assert_eq!(cached_c1(&t).state, ContainerState::Exited);
+}
+
+/// The same while the safety relist's listing waits for the runtime.
+#[tokio::test(start_paused = true)]
+async fn a_proven_exit_is_published_while_a_full_relist_waits_for_the_runtime() {
+    let mut t = start_with_init_42().await;
+    let hanging = t.runtime.answering.write().await;
+    tokio::time::advance(crate::pleg::DEFAULT_SAFETY_RELIST_PERIOD).await;
+    settle().await;
+    assert_eq!(t.runtime.take_list_calls(), 1, "the full relist is listing");
+    t.hints.send(killed(42)).await.unwrap();
+    settle().await;
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+
+    drop(hanging);
+    settle().await;
+    assert!(drain(&mut t.events).is_empty(), "no second ContainerDied");
+    assert_eq!(cached_c1(&t).state, ContainerState::Exited);
 }
 
 #[tokio::test(start_paused = true)]
