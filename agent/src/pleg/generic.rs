@@ -8,7 +8,8 @@
 //! `Hint::Resync`). A hint for a pod it has not listed yet reads that pod by its uid label, so K new
 //! pods cost K targeted reads, not K listings of the node. The one hint that writes the cache itself is
 //! the exit of a container's proven init: `ContainerDied` goes out at once and the exit overlays the
-//! runtime's reads until the runtime reports it (see `kernel_exits`).
+//! runtime's reads until the runtime reports it (see `kernel_exits`). "At once" holds while a relist
+//! waits for the runtime too: hints are taken during a relist's listing and pod reads.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
