@@ -9,7 +9,8 @@
 //! pods cost K targeted reads, not K listings of the node. The one hint that writes the cache itself is
 //! the exit of a container's proven init: `ContainerDied` goes out at once and the exit overlays the
 //! runtime's reads until the runtime reports it (see `kernel_exits`). "At once" holds while a relist
-//! waits for the runtime too: hints are taken during a relist's listing and pod reads.
+//! waits for the runtime too: hints are taken during a full relist's listing and a targeted relist's
+//! read (not during the full relist's reads of the pods that changed, which run after its listing).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
