@@ -167,6 +167,35 @@ fn assert_steady_pods_untouched(pods: &BTreeMap<String, Value>, steady: &BTreeMa
     }
 }
 
+/// After one SIGKILL of pod `victim`'s container: the steady pods are untouched, each with one
+/// container in containerd (none re-created), and the victim restarted once, its last state the
+/// kill's exit code.
+fn assert_the_victim_died_once_and_nothing_doubled(
+    agent: &Agent,
+    settled: &BTreeMap<String, Value>,
+    steady: &BTreeMap<String, String>,
+) -> Result<()> {
+    assert_steady_pods_untouched(settled, steady);
+    let victim_status = container_status(&settled["victim"], "main").context("no victim status")?;
+    assert_eq!(
+        victim_status["restartCount"], 1,
+        "the victim died once: {victim_status}"
+    );
+    assert_eq!(
+        victim_status["lastState"]["terminated"]["exitCode"], 137,
+        "the exit is reported with its code: {victim_status}"
+    );
+    let by_pod = containers_by_pod(&agent.node)?;
+    for name in steady.keys() {
+        assert_eq!(
+            by_pod.get(name).map(Vec::len),
+            Some(1),
+            "{name}: nothing doubled"
+        );
+    }
+    Ok(())
+}
+
 /// The UIDs `/pods` shows now, added to `uids`.
 fn note_uids(agent: &Agent, uids: &mut BTreeSet<String>) {
     for pod in agent.pods().unwrap_or_default() {
@@ -364,24 +393,11 @@ fn containerd_stopped_for_twenty_seconds_under_the_agent_loses_and_doubles_nothi
         },
     )
     .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))?;
-    assert_steady_pods_untouched(&settled, &steady);
-    let victim_status = container_status(&settled["victim"], "main").context("no victim status")?;
-    assert_eq!(
-        victim_status["restartCount"], 1,
-        "the victim died once: {victim_status}"
-    );
-    assert_eq!(
-        victim_status["lastState"]["terminated"]["exitCode"], 137,
-        "the exit is reported with its code: {victim_status}"
-    );
+    assert_the_victim_died_once_and_nothing_doubled(&agent, &settled, &steady)?;
     wait_for("the agent to turn healthy again", SETTLE, || {
         let (code, body) = http_get(agent.healthz_port, "/healthz").ok()?;
         (code == 200 && body == "ok").then_some(())
     })?;
-    let by_pod = containers_by_pod(&agent.node)?;
-    for name in steady.keys() {
-        assert_eq!(by_pod.get(name).map(Vec::len), Some(1), "{name}");
-    }
     remove_all_and_check_nothing_is_left(&agent, &uids)
 }
 
@@ -544,20 +560,7 @@ fn a_full_disk_and_an_unwritable_event_log_lose_and_double_nothing() -> Result<(
             .contains("appending to the event log works again")
             .then_some(())
     })?;
-    assert_steady_pods_untouched(&settled, &steady);
-    assert_eq!(
-        restart_count(&settled["victim"]),
-        1,
-        "the victim died once and was restarted once"
-    );
-    let by_pod = containers_by_pod(&agent.node)?;
-    for name in steady.keys() {
-        assert_eq!(
-            by_pod.get(name).map(Vec::len),
-            Some(1),
-            "{name}: nothing doubled"
-        );
-    }
+    assert_the_victim_died_once_and_nothing_doubled(&agent, &settled, &steady)?;
     note_uids(&agent, &mut uids);
     remove_all_and_check_nothing_is_left(&agent, &uids)
 }
@@ -624,23 +627,6 @@ fn a_hanging_runtime_turns_the_pleg_unhealthy_and_loses_and_doubles_nothing() ->
         (running_id(victim).is_some() && restart_count(victim) >= 1).then_some(pods)
     })
     .with_context(|| format!("agent log:\n{}", ringlet_tests::tail(&agent.log(), 80)))?;
-    assert_steady_pods_untouched(&settled, &steady);
-    let victim_status = container_status(&settled["victim"], "main").context("no victim status")?;
-    assert_eq!(
-        victim_status["restartCount"], 1,
-        "the victim died once: {victim_status}"
-    );
-    assert_eq!(
-        victim_status["lastState"]["terminated"]["exitCode"], 137,
-        "the exit is reported with its code: {victim_status}"
-    );
-    let by_pod = containers_by_pod(&agent.node)?;
-    for name in steady.keys() {
-        assert_eq!(
-            by_pod.get(name).map(Vec::len),
-            Some(1),
-            "{name}: nothing doubled"
-        );
-    }
+    assert_the_victim_died_once_and_nothing_doubled(&agent, &settled, &steady)?;
     remove_all_and_check_nothing_is_left(&agent, &uids)
 }
