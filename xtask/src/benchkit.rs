@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{cargo, cmd, http, lab};
+use crate::{cargo, cmd, exit_poll, http, lab};
 
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_POLL: Duration = Duration::from_millis(10);
@@ -456,15 +456,7 @@ pub fn time_exits(
             if killed.elapsed() > EXIT_TIMEOUT {
                 bail!("the exit of {name} did not show on /pods within {EXIT_TIMEOUT:?}");
             }
-            let changed = bench_pods(port, namespace)
-                .unwrap_or_default()
-                .iter()
-                .any(|p| {
-                    p["metadata"]["name"] == name.as_str()
-                        && (!all_containers_running(p)
-                            || first_container(p).is_some_and(|(_, i, r)| i != id || r != restarts))
-                });
-            if changed {
+            if exit_poll::pod_changed(port, namespace, &name, &id, restarts) {
                 samples.push(ms(killed.elapsed()));
                 break;
             }

@@ -12,6 +12,7 @@ mod compare_bench;
 mod demo;
 mod density_bench;
 mod exit_chain;
+mod exit_poll;
 mod fuzz;
 mod http;
 mod image;
