@@ -22,6 +22,10 @@ use crate::container::{
 const MAX_TERMINATION_MESSAGE_BYTES: usize = 4096;
 /// How much of the log end `FallbackToLogsOnError` reports.
 const FALLBACK_LOG_BYTES: u64 = 2048;
+/// containerd's reason for a container whose start failed.
+const START_ERROR_REASON: &str = "StartError";
+/// What Go's gRPC server reports for a call its client abandoned.
+const CANCELED_CALL_MESSAGE: &str = "context canceled";
 
 pub(super) fn container_state(state: cri::ContainerState) -> ContainerState {
     match state {
@@ -88,9 +92,26 @@ fn exit_reason(state: ContainerState, exit_code: i32, reason: String) -> String 
     }
 }
 
+/// Whether the runtime abandoned this container's start because the caller went away: an agent
+/// killed during `StartContainer` cancels the call, and containerd then marks the container exited
+/// with reason `StartError` and a "context canceled" message, though its process never ran. Such a
+/// container reads as created but not started, so the next sync starts it again instead of failing
+/// a `Never` pod for the agent's own death. A start that failed on its merits (a missing command)
+/// carries its own message and stays a failure.
+fn start_abandoned_by_caller(status: &cri::ContainerStatus) -> bool {
+    status.state() == cri::ContainerState::ContainerExited
+        && status.started_at == 0
+        && status.reason == START_ERROR_REASON
+        && status.message.contains(CANCELED_CALL_MESSAGE)
+}
+
 /// Converts a CRI container status into the runtime's view.
 pub(super) fn convert_container_status(status: cri::ContainerStatus) -> ContainerStatus {
-    let state = container_state(status.state());
+    let state = if start_abandoned_by_caller(&status) {
+        ContainerState::Created
+    } else {
+        container_state(status.state())
+    };
     let name = status
         .metadata
         .as_ref()
@@ -510,6 +531,35 @@ mod tests {
             ..status
         });
         assert_eq!(ok.reason, "Completed");
+    }
+
+    #[test]
+    fn a_start_abandoned_by_a_dead_caller_reads_as_never_started() {
+        let abandoned = cri::ContainerStatus {
+            id: "c".into(),
+            state: cri::ContainerState::ContainerExited.into(),
+            created_at: 1,
+            finished_at: 2,
+            exit_code: 128,
+            reason: "StartError".into(),
+            message: "failed to start containerd task \"c\": context canceled: unknown".into(),
+            ..cri::ContainerStatus::default()
+        };
+        let converted = convert_container_status(abandoned.clone());
+        assert_eq!(converted.state, ContainerState::Created);
+
+        let missing_command = convert_container_status(cri::ContainerStatus {
+            message: "exec: \"nope\": executable file not found in $PATH: unknown".into(),
+            ..abandoned.clone()
+        });
+        assert_eq!(missing_command.state, ContainerState::Exited);
+        assert_eq!(missing_command.reason, "StartError");
+
+        let ran_then_canceled = convert_container_status(cri::ContainerStatus {
+            started_at: 1,
+            ..abandoned
+        });
+        assert_eq!(ran_then_canceled.state, ContainerState::Exited);
     }
 
     #[test]
