@@ -7,6 +7,7 @@
 mod housekeeping;
 mod node_ip;
 mod node_status;
+mod pod_list;
 mod runonce;
 mod runtime_state;
 mod server_host;
@@ -54,6 +55,7 @@ pub use runtime_state::RuntimeState;
 pub use server_host::{ApiParts, KubeletServerHost, NodeHelper};
 
 use housekeeping::Housekeeping;
+use pod_list::PodListCache;
 use runtime_state::RUNTIME_UP_PERIOD;
 use sync_pod::KubeletSyncer;
 
@@ -271,6 +273,7 @@ impl Kubelet {
             pod_worker_panics: self.workers.panics(),
             sync_loop_threshold: sync_loop_threshold(self.settings.sync_frequency),
             metrics: self.metrics.clone(),
+            pod_list: PodListCache::default(),
         })
     }
 

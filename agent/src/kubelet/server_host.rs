@@ -31,6 +31,7 @@ use crate::stats::{PodStatsInput, StatsProvider, Summary};
 use crate::status::StatusManager;
 use crate::supervise::TaskPanics;
 
+use super::pod_list::PodListCache;
 use super::{PodManager, RuntimeState, pod_uid};
 
 /// The desired pods with the status the status manager holds for each.
@@ -73,6 +74,8 @@ pub struct KubeletServerHost {
     pub cache: Arc<PodCache>,
     pub pod_cgroups: Arc<PodContainerManager>,
     pub api: ApiParts,
+    /// `/pods` as the last read encoded it.
+    pub pod_list: PodListCache,
 }
 
 impl KubeletServerHost {
@@ -110,8 +113,8 @@ impl KubeletServerHost {
 
 #[async_trait]
 impl ServerHost for KubeletServerHost {
-    fn pods(&self) -> Vec<Pod> {
-        pods_with_status(&self.pods, &self.status)
+    fn pod_list_json(&self) -> serde_json::Result<Vec<u8>> {
+        self.pod_list.encode(&self.pods, &self.status)
     }
 
     fn health_checks(&self) -> Vec<HealthCheck> {

@@ -22,9 +22,24 @@ pub struct PodManager {
 
 #[derive(Default)]
 struct Inner {
-    pods: HashMap<PodUid, Pod>,
+    pods: HashMap<PodUid, Desired>,
     /// Mirror pods by (namespace, name).
     mirrors: HashMap<(String, String), Pod>,
+    /// The version the next upsert gives its pod.
+    next_version: u64,
+}
+
+struct Desired {
+    pod: Pod,
+    /// New on every upsert and never given to another pod, so equal versions mean the same object.
+    version: u64,
+}
+
+/// A desired pod's UID and version, with the pod itself where the reader asked for it.
+pub struct VersionedPod {
+    pub uid: PodUid,
+    pub version: u64,
+    pub pod: Option<Pod>,
 }
 
 /// The UID of a pod as the agent keys it; pods from the sources always carry one.
@@ -62,6 +77,17 @@ pub fn full_name(pod: &Pod) -> (String, String) {
     )
 }
 
+/// The order of [`full_name`], without copying the names.
+fn by_full_name(a: &Pod, b: &Pod) -> std::cmp::Ordering {
+    fn key(pod: &Pod) -> (&str, &str) {
+        (
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+    key(a).cmp(&key(b))
+}
+
 impl PodManager {
     fn read(&self) -> RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(PoisonError::into_inner)
@@ -76,7 +102,10 @@ impl PodManager {
         if is_mirror_pod(&pod) {
             self.write().mirrors.insert(full_name(&pod), pod);
         } else if let Some(uid) = pod_uid(&pod) {
-            self.write().pods.insert(uid, pod);
+            let mut inner = self.write();
+            inner.next_version += 1;
+            let version = inner.next_version;
+            inner.pods.insert(uid, Desired { pod, version });
         }
     }
 
@@ -95,18 +124,40 @@ impl PodManager {
     }
 
     pub fn remove(&self, uid: &PodUid) -> Option<Pod> {
-        self.write().pods.remove(uid)
+        self.write().pods.remove(uid).map(|desired| desired.pod)
     }
 
     pub fn get(&self, uid: &PodUid) -> Option<Pod> {
-        self.read().pods.get(uid).cloned()
+        self.read().pods.get(uid).map(|desired| desired.pod.clone())
     }
 
     /// Every desired pod, ordered by namespace and name so listings are stable.
     pub fn pods(&self) -> Vec<Pod> {
-        let mut pods: Vec<Pod> = self.read().pods.values().cloned().collect();
-        pods.sort_by_key(full_name);
+        let mut pods: Vec<Pod> = self
+            .read()
+            .pods
+            .values()
+            .map(|desired| desired.pod.clone())
+            .collect();
+        pods.sort_by(by_full_name);
         pods
+    }
+
+    /// Every desired pod's UID and version, ordered as [`Self::pods`], with a copy of the pod only
+    /// where `wanted` asks for it (a reader keeping what it made of earlier versions copies only
+    /// the pods that changed), all under one lock.
+    pub fn versioned(&self, wanted: impl Fn(&PodUid, u64) -> bool) -> Vec<VersionedPod> {
+        let inner = self.read();
+        let mut desired: Vec<(&PodUid, &Desired)> = inner.pods.iter().collect();
+        desired.sort_by(|(_, a), (_, b)| by_full_name(&a.pod, &b.pod));
+        desired
+            .into_iter()
+            .map(|(uid, desired)| VersionedPod {
+                uid: uid.clone(),
+                version: desired.version,
+                pod: wanted(uid, desired.version).then(|| desired.pod.clone()),
+            })
+            .collect()
     }
 
     pub fn uids(&self) -> HashSet<PodUid> {
@@ -137,6 +188,7 @@ impl PodManager {
                 let owner = inner
                     .pods
                     .values()
+                    .map(|desired| &desired.pod)
                     .find(|pod| is_static_pod(pod) && is_mirror_pod_of(mirror, pod))
                     .cloned();
                 (mirror.clone(), owner)
@@ -149,6 +201,7 @@ impl PodManager {
         self.read()
             .pods
             .values()
+            .map(|desired| &desired.pod)
             .find(|pod| is_static_pod(pod) && is_mirror_pod_of(mirror, pod))
             .cloned()
     }
@@ -157,7 +210,7 @@ impl PodManager {
     /// its mirror for a static pod (`None` while the mirror does not exist).
     pub fn status_object(&self, uid: &PodUid) -> Option<Pod> {
         let inner = self.read();
-        let pod = inner.pods.get(uid)?;
+        let pod = &inner.pods.get(uid)?.pod;
         if !is_static_pod(pod) {
             return Some(pod.clone());
         }
@@ -257,6 +310,31 @@ mod tests {
         assert!(pods.status_object(&PodUid::from("s2")).is_none());
         assert!(pods.mirror_by_name(&static_pod("s2", "etcd-n1")).is_some());
         assert_eq!(pods.mirrors()[0].1, None, "the mirror is an orphan");
+    }
+
+    #[test]
+    fn every_upsert_gives_a_new_version_and_only_wanted_pods_are_copied() {
+        let pods = PodManager::default();
+        pods.upsert(pod("b", "web-b", &[]));
+        pods.upsert(pod("a", "web-a", &[]));
+        let first = pods.versioned(|uid, _| uid.to_string() == "a");
+        let names: Vec<_> = first.iter().map(|p| p.uid.to_string()).collect();
+        assert_eq!(names, ["a", "b"], "ordered by namespace and name");
+        assert!(first[0].pod.is_some() && first[1].pod.is_none());
+        assert_ne!(first[0].version, first[1].version);
+
+        pods.upsert(pod("b", "web-b", &[]));
+        let second = pods.versioned(|_, _| false);
+        assert_eq!(second[0].version, first[0].version, "a is unchanged");
+        assert!(second[1].version > first[1].version, "b was upserted again");
+
+        pods.remove(&PodUid::from("b"));
+        pods.upsert(pod("b", "web-b", &[]));
+        let third = pods.versioned(|_, _| false);
+        assert!(
+            third[1].version > second[1].version,
+            "a re-added pod never reuses a version"
+        );
     }
 
     #[test]

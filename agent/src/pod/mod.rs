@@ -4,5 +4,5 @@
 mod manager;
 mod mirror;
 
-pub use manager::{PodManager, full_name, is_mirror_pod, is_mirror_pod_of, pod_uid};
+pub use manager::{PodManager, VersionedPod, full_name, is_mirror_pod, is_mirror_pod_of, pod_uid};
 pub use mirror::MirrorPods;

@@ -7,8 +7,9 @@ use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use k8s_openapi::List;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta};
 use tokio::sync::oneshot;
 
 use super::{FoundContainer, HealthCheck, HostError, PodRef, ServerHost};
@@ -76,14 +77,17 @@ impl FakeHost {
 
 #[async_trait]
 impl ServerHost for FakeHost {
-    fn pods(&self) -> Vec<Pod> {
+    fn pod_list_json(&self) -> serde_json::Result<Vec<u8>> {
         if let Some(gate) = &self.gate {
             if let Some(entered) = gate.entered.lock().unwrap().take() {
                 entered.send(()).unwrap();
             }
             gate.release.lock().unwrap().recv().unwrap();
         }
-        self.pods.clone()
+        serde_json::to_vec(&List {
+            items: self.pods.clone(),
+            metadata: ListMeta::default(),
+        })
     }
 
     fn health_checks(&self) -> Vec<HealthCheck> {

@@ -47,8 +47,9 @@ pub use tls::{ServingTls, TlsError, TlsSettings};
 /// The synchronous methods answer from in-memory state; the async ones may ask the runtime.
 #[async_trait]
 pub trait ServerHost: Send + Sync + 'static {
-    /// The pods this node manages, with their status filled in. Called on a blocking-pool thread.
-    fn pods(&self) -> Vec<Pod>;
+    /// The pods this node manages, with their status filled in, as a `PodList` in JSON. Called on
+    /// a blocking-pool thread.
+    fn pod_list_json(&self) -> serde_json::Result<Vec<u8>>;
     /// The named checks behind `/healthz`, in display order.
     fn health_checks(&self) -> Vec<HealthCheck>;
     /// The metrics served on `/metrics`.

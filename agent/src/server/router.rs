@@ -18,7 +18,6 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use k8s_openapi::List;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
 use super::auth::KubeletAuth;
@@ -183,14 +182,7 @@ impl Router {
     /// responsive.
     async fn pods(&self) -> Response<Body> {
         let host = Arc::clone(&self.host);
-        let encoded = tokio::task::spawn_blocking(move || {
-            let list: List<Pod> = List {
-                items: host.pods(),
-                metadata: ListMeta::default(),
-            };
-            serde_json::to_vec(&list)
-        })
-        .await;
+        let encoded = tokio::task::spawn_blocking(move || host.pod_list_json()).await;
         match encoded {
             Ok(Ok(json)) => json_bytes(json),
             Ok(Err(error)) => {

@@ -145,6 +145,14 @@ impl StatusManager {
         self.lock().get(uid).map(|v| v.version)
     }
 
+    /// Every pod's status version, under one lock.
+    pub fn versions(&self) -> HashMap<PodUid, u64> {
+        self.lock()
+            .iter()
+            .map(|(uid, v)| (uid.clone(), v.version))
+            .collect()
+    }
+
     /// Lets the next status of pod `uid` move its containers and phase anywhere: the pod was
     /// stopped and runs again with the same UID. The version keeps counting, so the change still
     /// reaches the API server.
