@@ -47,8 +47,10 @@ impl PodListCache {
                 .get(uid)
                 .is_none_or(|e| !e.is_current(version, status_versions.get(uid).copied()))
         });
+        let previous_len: usize = encoded.values().map(|e| e.json.len() + 1).sum();
+        let mut list = Vec::with_capacity(LIST_HEAD.len() + previous_len + LIST_TAIL.len());
+        list.extend_from_slice(LIST_HEAD);
         let mut kept = HashMap::with_capacity(listed.len());
-        let mut order = Vec::with_capacity(listed.len());
         for VersionedPod { uid, version, pod } in listed {
             let entry = match (pod, encoded.remove(&uid)) {
                 (Some(mut pod), _) => {
@@ -62,23 +64,14 @@ impl PodListCache {
                 (None, Some(current)) => current,
                 (None, None) => continue,
             };
-            order.push(uid.clone());
-            kept.insert(uid, entry);
-        }
-        *encoded = kept;
-
-        let items_len: usize = encoded.values().map(|e| e.json.len() + 1).sum();
-        let mut list = Vec::with_capacity(LIST_HEAD.len() + items_len + LIST_TAIL.len());
-        list.extend_from_slice(LIST_HEAD);
-        for (i, uid) in order.iter().enumerate() {
-            if i > 0 {
+            if !kept.is_empty() {
                 list.push(b',');
             }
-            if let Some(entry) = encoded.get(uid) {
-                list.extend_from_slice(&entry.json);
-            }
+            list.extend_from_slice(&entry.json);
+            kept.insert(uid, entry);
         }
         list.extend_from_slice(LIST_TAIL);
+        *encoded = kept;
         Ok(list)
     }
 }
