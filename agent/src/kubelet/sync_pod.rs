@@ -145,6 +145,8 @@ impl KubeletSyncer {
                 previous.as_ref().and_then(|p| p.phase.as_deref()),
                 phase.as_deref(),
             );
+        } else {
+            self.latency.status_unchanged(&uid);
         }
         phase
     }

@@ -91,6 +91,14 @@ impl LatencyTracker {
         }
     }
 
+    /// The sync path generated pod `uid`'s status from a runtime read that holds every event
+    /// emitted so far, and it came out unchanged: those events changed nothing visible, so their
+    /// hint time is dropped rather than charged to the pod's next change (which would then read as
+    /// the time since an exit long past, seconds or minutes).
+    pub fn status_unchanged(&self, uid: &PodUid) {
+        self.lock().remove(uid);
+    }
+
     /// Forgets pods not in `keep` (pods that went away before their status changed).
     pub fn retain(&self, keep: &HashSet<PodUid>) {
         self.lock().retain(|uid, _| keep.contains(uid));
@@ -156,6 +164,24 @@ mod tests {
             text.contains("ringlet_pod_status_latency_seconds_bucket{le=\"0.00178\"} 0"),
             "a hint 2 ms old is not under 1.78 ms: {text}"
         );
+    }
+
+    #[test]
+    fn an_event_that_changed_nothing_is_not_charged_to_the_next_change() {
+        let metrics = Metrics::new().unwrap();
+        let broadcaster = EventBroadcaster::default();
+        let mut watcher = broadcaster.subscribe();
+        let tracker = LatencyTracker::new(metrics.clone(), broadcaster);
+        let pod = PodUid::from("p");
+        tracker.event_emitted(&pod, monotonic_now_ns().saturating_sub(60_000_000_000));
+        tracker.status_unchanged(&pod);
+        assert!(!tracker.is_pending(&pod));
+        tracker.status_changed(&pod, "default", "web");
+        assert_eq!(
+            histogram_count(&metrics, "ringlet_pod_status_latency_seconds"),
+            0
+        );
+        assert!(watcher.try_recv().is_err(), "no StatusUpdated record");
     }
 
     #[test]
