@@ -124,6 +124,19 @@ mod tests {
         line.rsplit(' ').next().unwrap().parse().unwrap()
     }
 
+    /// A tracker with its metrics and a `ringlet events` watcher of what it publishes.
+    fn watched_tracker() -> (
+        Metrics,
+        tokio::sync::broadcast::Receiver<LifecycleRecord>,
+        LatencyTracker,
+    ) {
+        let metrics = Metrics::new().unwrap();
+        let broadcaster = EventBroadcaster::default();
+        let watcher = broadcaster.subscribe();
+        let tracker = LatencyTracker::new(metrics.clone(), broadcaster);
+        (metrics, watcher, tracker)
+    }
+
     #[test]
     fn monotonic_clock_moves_forward() {
         let a = monotonic_now_ns();
@@ -134,10 +147,7 @@ mod tests {
 
     #[test]
     fn event_then_changed_status_observes_both_latencies_once() {
-        let metrics = Metrics::new().unwrap();
-        let broadcaster = EventBroadcaster::default();
-        let mut watcher = broadcaster.subscribe();
-        let tracker = LatencyTracker::new(metrics.clone(), broadcaster);
+        let (metrics, mut watcher, tracker) = watched_tracker();
         let pod = PodUid::from("p");
         let kernel = monotonic_now_ns().saturating_sub(2_000_000);
         tracker.event_emitted(&pod, kernel);
@@ -168,10 +178,7 @@ mod tests {
 
     #[test]
     fn an_event_that_changed_nothing_is_not_charged_to_the_next_change() {
-        let metrics = Metrics::new().unwrap();
-        let broadcaster = EventBroadcaster::default();
-        let mut watcher = broadcaster.subscribe();
-        let tracker = LatencyTracker::new(metrics.clone(), broadcaster);
+        let (metrics, mut watcher, tracker) = watched_tracker();
         let pod = PodUid::from("p");
         tracker.event_emitted(&pod, monotonic_now_ns().saturating_sub(60_000_000_000));
         tracker.status_unchanged(&pod);
