@@ -68,6 +68,9 @@ pub struct LabKubelet {
     pub healthz_port: u16,
     /// `None`: standalone, no API server; the kubelet API allows every request.
     pub registration: Option<Registration>,
+    /// Turns its `EventedPLEG` feature gate on (it needs a runtime with the CRI event stream:
+    /// containerd 1.7).
+    pub evented_pleg: bool,
 }
 
 impl LabKubelet {
@@ -115,7 +118,7 @@ port: {api_port}
 readOnlyPort: {read_only_port}
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz_port}
-{access}podLogsDir: {pod_logs}
+{access}{feature_gates}podLogsDir: {pod_logs}
 volumePluginDir: {volume_plugins}
 # There is no registry: an image the GC removed could not be pulled again.
 imageGCHighThresholdPercent: 100
@@ -128,6 +131,11 @@ evictionHard:
   memory.available: \"100Mi\"
 ",
             socket = CONTAINERD_SOCKET,
+            feature_gates = if self.evented_pleg {
+                "featureGates:\n  EventedPLEG: true\n"
+            } else {
+                ""
+            },
             manifests = self.manifests.display(),
             api_port = self.port,
             read_only_port = self.read_only_port,

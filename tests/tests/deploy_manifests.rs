@@ -333,6 +333,7 @@ impl<'a> KubeletNode<'a> {
                 kubeconfig: cluster.node_kubeconfig(name)?,
                 client_ca_file: cluster.ca_file(),
             }),
+            evented_pleg: false,
         };
         let child = config.spawn(kubelet, name)?;
         let node = Self {

@@ -456,6 +456,7 @@ impl Kubelet {
             port: free_port()?,
             healthz_port: free_port()?,
             registration: None,
+            evented_pleg: false,
         };
         let child = config.spawn(binary, NODE)?;
         let kubelet = Self {

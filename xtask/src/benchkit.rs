@@ -268,8 +268,10 @@ fn proc_field(file: &str, key: &str) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// This machine, with the version of the containerd that answers on the lab's socket (which is not
+/// the one on `PATH` when the lab runs trixie's).
 pub fn machine() -> Result<Machine> {
-    let version = cmd::output(Command::new("containerd").arg("--version"))?;
+    let version = format!("containerd {}", crate::lab::server_version()?);
     Ok(Machine {
         cpu: proc_field("/proc/cpuinfo", "model name"),
         cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),

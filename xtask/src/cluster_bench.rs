@@ -576,6 +576,7 @@ fn spawn_agent(
                 kubeconfig: kubeconfig.to_path_buf(),
                 client_ca_file: control_plane.ca_file(),
             }),
+            evented_pleg: false,
         }
         .command(&binary.path, node)?,
     };

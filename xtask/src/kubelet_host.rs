@@ -34,7 +34,7 @@ pub fn containers_of_others() -> Result<Option<String>> {
 
 /// The upstream kubelet standalone (no API server) as node `node`: static pods from `manifests`,
 /// the lab's containerd, `/pods` on the read-only port, everything it writes under `run_dir` and
-/// `root_dir`.
+/// `root_dir`; with `evented_pleg`, its `EventedPLEG` feature gate on.
 pub fn spawn_standalone(
     kubelet: &Path,
     node: &str,
@@ -42,6 +42,7 @@ pub fn spawn_standalone(
     root_dir: &Path,
     manifests: &Path,
     read_only_port: u16,
+    evented_pleg: bool,
 ) -> Result<Agent> {
     let standalone = LabKubelet {
         manifests: manifests.to_path_buf(),
@@ -51,6 +52,7 @@ pub fn spawn_standalone(
         port: free_port()?,
         healthz_port: free_port()?,
         registration: None,
+        evented_pleg,
     };
     Agent::spawn(
         &mut standalone.command(kubelet, node)?,

@@ -1,7 +1,9 @@
 //! The lab: a real containerd with CRI on this machine, set up without systemd or a registry. `up`
 //! installs the packages, builds the busybox and pause images in Rust and imports them (and the
 //! agent's image when `cargo xtask image` built it), writes the containerd and CNI configuration and
-//! starts containerd; every step is skipped when already done.
+//! starts containerd; every step is skipped when already done. It runs Debian bookworm's containerd
+//! 1.6 unless told to run trixie's 1.7 (`--containerd 1.7`, unpacked under the lab directory: 1.7
+//! has the CRI event stream that the kubelet's Evented PLEG reads).
 
 use std::collections::HashMap;
 use std::fs;
@@ -9,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::cmd;
 use crate::oci::{self, ImageSpec, Layer};
@@ -50,6 +52,29 @@ const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);
 const CONTAINERD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const PAUSE_SOURCE: &str = include_str!("pause.c");
+/// The Debian suite whose containerd package is 1.7.
+const TRIXIE_SOURCE: &str = "deb http://deb.debian.org/debian trixie main";
+
+/// The containerd releases the lab can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Containerd {
+    /// Debian bookworm's package, installed with the others: the lab's default.
+    #[value(name = "1.6")]
+    Bookworm,
+    /// Debian trixie's package, unpacked under the lab directory.
+    #[value(name = "1.7")]
+    Trixie,
+}
+
+impl Containerd {
+    /// The release series, as the start of containerd's version.
+    pub fn series(self) -> &'static str {
+        match self {
+            Self::Bookworm => "1.6",
+            Self::Trixie => "1.7",
+        }
+    }
+}
 
 fn lab_path(name: &str) -> PathBuf {
     Path::new(LAB_DIR).join(name)
@@ -69,15 +94,38 @@ pub fn ctr() -> Command {
     c
 }
 
+/// Brings the lab up with whichever containerd it runs (bookworm's when none does).
 pub fn up() -> Result<()> {
+    up_with(None)
+}
+
+/// Brings the lab up; with `containerd`, a lab containerd of another release is stopped first and
+/// that one started (running pods keep their shims).
+pub fn up_with(containerd: Option<Containerd>) -> Result<()> {
     cmd::ensure_root("the lab")?;
     install_packages()?;
     mount_kernel_filesystems()?;
     fs::create_dir_all(LAB_DIR).with_context(|| format!("creating {LAB_DIR}"))?;
-    let config = write_containerd_config()?;
+    if let Some(wanted) = containerd {
+        stop_other_release(wanted)?;
+    }
+    let (binary, config) = match containerd.unwrap_or(Containerd::Bookworm) {
+        Containerd::Bookworm => (
+            PathBuf::from("containerd"),
+            write_containerd_config("containerd.toml", None)?,
+        ),
+        Containerd::Trixie => {
+            let bin = unpack_trixie_containerd()?;
+            let config = write_containerd_config(
+                "containerd-1.7.toml",
+                Some(&bin.join("containerd-shim-runc-v2")),
+            )?;
+            (bin.join("containerd"), config)
+        }
+    };
     write_cni_config()?;
     let images = build_images()?;
-    start_containerd(&config)?;
+    start_containerd(&binary, &config)?;
     import_images(&images)?;
     // The agent's own image, when `cargo xtask image` built it (the tests of the image need it).
     crate::image::import_if_built()?;
@@ -129,13 +177,7 @@ pub fn status() -> Result<()> {
         println!("containerd on {SOCKET}: NOT answering");
         return Ok(());
     }
-    let version = cmd::output(ctr().arg("version"))?;
-    let server = version
-        .split("Server:")
-        .nth(1)
-        .and_then(|s| s.lines().find(|l| l.trim_start().starts_with("Version:")))
-        .map_or("unknown", str::trim);
-    println!("containerd on {SOCKET}: answering ({server})");
+    println!("containerd on {SOCKET}: answering ({})", server_version()?);
     println!("images in namespace k8s.io:");
     for (name, digest) in image_digests()? {
         if !name.starts_with("sha256:") {
@@ -213,7 +255,112 @@ fn write_if_changed(path: &Path, contents: &[u8]) -> Result<bool> {
     Ok(true)
 }
 
-fn containerd_config() -> String {
+/// The version of the containerd answering on the lab's socket (`Version:` under `Server:` of
+/// `ctr version`, the version with its `v` prefix, e.g. `1.6.20~ds1`).
+pub fn server_version() -> Result<String> {
+    let version = cmd::output(ctr().arg("version"))?;
+    Ok(version
+        .split("Server:")
+        .nth(1)
+        .and_then(|s| s.lines().find(|l| l.trim_start().starts_with("Version:")))
+        .and_then(|l| l.split_once(':'))
+        .map_or("unknown", |(_, v)| v.trim())
+        .trim_start_matches('v')
+        .to_owned())
+}
+
+/// Stops the lab's containerd when it is not of the `wanted` release; refuses to go on when a
+/// containerd the lab did not start answers on its socket.
+fn stop_other_release(wanted: Containerd) -> Result<()> {
+    if !containerd_answers() {
+        return Ok(());
+    }
+    let running = server_version()?;
+    if running.starts_with(wanted.series()) {
+        return Ok(());
+    }
+    match ringlet_tests::lab_containerd().stop(CONTAINERD_STOP_TIMEOUT)? {
+        Some(pid) => println!(
+            "containerd {running} (pid {pid}) stopped for {}",
+            wanted.series()
+        ),
+        None => bail!(
+            "containerd {running} answers on {SOCKET} but `lab up` did not start it; stop it \
+             before asking for containerd {}",
+            wanted.series()
+        ),
+    }
+    Ok(())
+}
+
+/// Downloads trixie's containerd package (once) and unpacks it under the lab directory; returns
+/// the directory holding its `containerd` and `containerd-shim-runc-v2`. apt reads the trixie
+/// suite through its own lists there, so the machine's sources stay as they are.
+fn unpack_trixie_containerd() -> Result<PathBuf> {
+    let dir = lab_path("containerd-1.7");
+    let bin = dir.join("root/usr/bin");
+    if bin.join("containerd").exists() {
+        return Ok(bin);
+    }
+    let lists = dir.join("lists");
+    fs::create_dir_all(lists.join("partial"))
+        .with_context(|| format!("creating {}", lists.display()))?;
+    let sources = dir.join("trixie.list");
+    fs::write(&sources, format!("{TRIXIE_SOURCE}\n"))
+        .with_context(|| format!("writing {}", sources.display()))?;
+    let apt = |action: &[&str]| {
+        let mut c = Command::new("apt-get");
+        c.current_dir(&dir)
+            .arg("-o")
+            .arg(format!("Dir::Etc::sourcelist={}", sources.display()))
+            .args([
+                "-o",
+                "Dir::Etc::sourceparts=-",
+                "-o",
+                "APT::Sandbox::User=root",
+            ])
+            .arg("-o")
+            .arg(format!("Dir::State::Lists={}", lists.display()))
+            .args(action);
+        c
+    };
+    cmd::run(&mut apt(&["update"]))?;
+    cmd::run(&mut apt(&["download", "containerd"]))?;
+    let package = fs::read_dir(&dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "deb")
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("containerd_"))
+        })
+        .with_context(|| {
+            format!(
+                "apt-get download left no containerd package in {}",
+                dir.display()
+            )
+        })?;
+    cmd::run(
+        Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(&package)
+            .arg(dir.join("root")),
+    )?;
+    println!(
+        "unpacked {} into {}",
+        package.display(),
+        dir.join("root").display()
+    );
+    Ok(bin)
+}
+
+/// The lab's containerd configuration; `shim` names the runc shim when it is not the one on
+/// `PATH` (containerd looks the shim up on `PATH` first, where bookworm's 1.6 shim is).
+fn containerd_config(shim: Option<&Path>) -> String {
+    let runtime_path = shim.map_or_else(String::new, |shim| {
+        format!("  runtime_path = \"{}\"\n", shim.display())
+    });
     // restrict_oom_score_adj: this VM's bounding set lacks CAP_SYS_RESOURCE, so runc cannot lower
     // oom_score_adj and every sandbox would fail with "can't get final child's PID from pipe: EOF".
     format!(
@@ -235,7 +382,7 @@ fn containerd_config() -> String {
 
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
-
+{runtime_path}
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
   SystemdCgroup = false
 
@@ -246,9 +393,9 @@ fn containerd_config() -> String {
     )
 }
 
-fn write_containerd_config() -> Result<PathBuf> {
-    let path = lab_path("containerd.toml");
-    if write_if_changed(&path, containerd_config().as_bytes())? {
+fn write_containerd_config(name: &str, shim: Option<&Path>) -> Result<PathBuf> {
+    let path = lab_path(name);
+    if write_if_changed(&path, containerd_config(shim).as_bytes())? {
         println!("wrote {}", path.display());
     }
     Ok(path)
@@ -419,11 +566,28 @@ pub fn containerd_answers() -> bool {
     Path::new(SOCKET).exists() && cmd::succeeds(ctr().arg("version"))
 }
 
-fn start_containerd(config: &Path) -> Result<()> {
+fn start_containerd(binary: &Path, config: &Path) -> Result<()> {
     ringlet_tests::lab_containerd().start(
-        Path::new("containerd"),
+        binary,
         &["--config".to_owned(), config.display().to_string()],
         containerd_answers,
         CONTAINERD_START_TIMEOUT,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only trixie's containerd names its shim; bookworm's configuration stays as it was.
+    #[test]
+    fn the_shim_path_is_set_only_when_given() {
+        let bookworm = containerd_config(None);
+        assert!(!bookworm.contains("runtime_path"));
+        assert!(bookworm.contains("runtime_type = \"io.containerd.runc.v2\"\n\n[plugins"));
+        let trixie = containerd_config(Some(Path::new("/lab/bin/containerd-shim-runc-v2")));
+        assert!(trixie.contains(
+            "runtime_type = \"io.containerd.runc.v2\"\n  runtime_path = \"/lab/bin/containerd-shim-runc-v2\"\n"
+        ));
+    }
 }

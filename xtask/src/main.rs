@@ -72,7 +72,13 @@ enum Command {
 #[derive(Subcommand)]
 enum LabAction {
     /// Install missing packages, build and import the images, start containerd.
-    Up,
+    Up {
+        /// The containerd release to run: 1.6 (Debian bookworm's, the default) or 1.7 (trixie's,
+        /// for the kubelet's Evented PLEG); a lab containerd of the other release is stopped.
+        /// Without it, whichever the lab runs stays.
+        #[arg(long, value_enum)]
+        containerd: Option<lab::Containerd>,
+    },
     /// Stop the containerd that `lab up` started.
     Down,
     /// Show packages, containerd and images.
@@ -113,7 +119,7 @@ enum Bench {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Lab { action } => match action {
-            LabAction::Up => lab::up(),
+            LabAction::Up { containerd } => lab::up_with(containerd),
             LabAction::Down => lab::down(),
             LabAction::Status => lab::status(),
         },

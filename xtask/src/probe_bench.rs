@@ -171,7 +171,7 @@ pub fn probes(args: &ProbesArgs) -> Result<()> {
                     "kubelet",
                     version,
                     |run_dir, root_dir, manifests, port| {
-                        spawn_standalone(&kubelet, NODE, run_dir, root_dir, manifests, port)
+                        spawn_standalone(&kubelet, NODE, run_dir, root_dir, manifests, port, false)
                     },
                     args,
                 );
