@@ -1,6 +1,6 @@
 //! The `apiserver` source: the node's pods (`spec.nodeName=<node>`) watched in the API server
 //! through kube-rs's watcher; every pod a watch event delivers is checked against the exits
-//! waiting, at the moment the event arrives. This is the kubelet's report as the rest of the
+//! waiting, at the moment the event arrives, and a deleted pod's exits are dropped. This is the kubelet's report as the rest of the
 //! cluster sees it (its status update, after the status manager's round trip). Watch failures are
 //! logged (once per change), counted and retried with the watcher's back-off.
 
@@ -15,7 +15,7 @@ use kube::runtime::watcher::{self, Event};
 
 use super::ObserveError;
 use super::health::Health;
-use super::lag::{LagTracker, PodReport};
+use super::lag::{LagTracker, Listing, PodReport};
 use crate::apiserver::{ApiClient, ApiClientOptions};
 use crate::error_chain::error_chain;
 use crate::pleg::monotonic_now_ns;
@@ -54,10 +54,14 @@ pub async fn run(
         match stream.try_next().await {
             Ok(Some(event)) => {
                 let seen_at = monotonic_now_ns();
-                if let Event::Apply(pod) | Event::InitApply(pod) = &event {
-                    tracker.settle([&PodReport::from(pod)], seen_at);
-                } else {
-                    tracker.settle([], seen_at);
+                match &event {
+                    Event::Apply(pod) | Event::InitApply(pod) => {
+                        tracker.settle([&PodReport::from(pod)], Listing::Partial, seen_at);
+                    }
+                    Event::Delete(pod) => tracker.pod_deleted(&PodReport::from(pod)),
+                    Event::Init | Event::InitDone => {
+                        tracker.settle([], Listing::Partial, seen_at);
+                    }
                 }
                 if last_problem.take().is_some() {
                     tracing::info!(source = source.label(), "the pod watch works again");

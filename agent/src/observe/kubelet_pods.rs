@@ -1,7 +1,7 @@
 //! The `kubelet-pods` source: the kubelet's own `GET /pods` (the read-only port, or the
 //! authenticated one with a CA bundle and a bearer token), polled every few milliseconds while an
 //! exit waits and not at all otherwise. Reads overlap, so a slow answer does not delay the next
-//! read. A failed or undecodable read is logged (once per change of the problem), counted and
+//! read. An answer lists every pod the kubelet holds, so an exit whose pod it lacks is dropped. A failed or undecodable read is logged (once per change of the problem), counted and
 //! shown on `/healthz?verbose`; the loop goes on.
 
 use std::path::Path;
@@ -22,7 +22,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::ObserveError;
 use super::health::Health;
-use super::lag::{LagTracker, PodReport};
+use super::lag::{LagTracker, Listing, PodReport};
 use crate::error_chain::error_chain;
 use crate::pleg::monotonic_now_ns;
 
@@ -77,6 +77,14 @@ pub fn decode_pods(url: &str, body: &[u8]) -> Result<Vec<PodReport>, PodsReadErr
             url: url.to_owned(),
             source,
         })
+}
+
+/// One answer of `/pods`: every pod the kubelet holds, and when (`CLOCK_MONOTONIC` ns) the request
+/// started and its answer was in.
+pub struct PodsAnswer {
+    pub pods: Vec<PodReport>,
+    pub started_at_ns: u64,
+    pub seen_at_ns: u64,
 }
 
 /// A client for one kubelet's `/pods`.
@@ -161,8 +169,9 @@ impl KubeletPods {
         &self.url
     }
 
-    /// Reads `/pods` once; returns the pods and the `CLOCK_MONOTONIC` ns the answer was in.
-    pub async fn read(&self) -> Result<(Vec<PodReport>, u64), PodsReadError> {
+    /// Reads `/pods` once.
+    pub async fn read(&self) -> Result<PodsAnswer, PodsReadError> {
+        let started_at_ns = monotonic_now_ns();
         let mut request = Request::get(self.uri.clone());
         if let Some(token) = &self.token {
             request = request.header(AUTHORIZATION, token.clone());
@@ -203,8 +212,12 @@ impl KubeletPods {
                 url: self.url.clone(),
                 timeout: REQUEST_TIMEOUT,
             })??;
-        let seen_at = monotonic_now_ns();
-        Ok((decode_pods(&self.url, &body)?, seen_at))
+        let seen_at_ns = monotonic_now_ns();
+        Ok(PodsAnswer {
+            pods: decode_pods(&self.url, &body)?,
+            started_at_ns,
+            seen_at_ns,
+        })
     }
 }
 
@@ -277,12 +290,18 @@ fn settle_read(
     tracker: &LagTracker,
     health: &Health,
     last_problem: Option<&str>,
-    read: Result<(Vec<PodReport>, u64), PodsReadError>,
+    read: Result<PodsAnswer, PodsReadError>,
 ) -> Option<String> {
     let source = tracker.source();
     match read {
-        Ok((listed, seen_at)) => {
-            tracker.settle(&listed, seen_at);
+        Ok(answer) => {
+            tracker.settle(
+                &answer.pods,
+                Listing::Complete {
+                    started_at_ns: answer.started_at_ns,
+                },
+                answer.seen_at_ns,
+            );
             if last_problem.is_some() {
                 tracing::info!(
                     source = source.label(),
@@ -303,7 +322,7 @@ fn settle_read(
                 );
             }
             // Exits that can never be reported are still given up on while the kubelet is down.
-            tracker.settle([], monotonic_now_ns());
+            tracker.settle([], Listing::Partial, monotonic_now_ns());
             health.source_failed(source, problem.clone());
             Some(problem)
         }

@@ -1,8 +1,9 @@
 //! The kubelet's status lag: for each container exit the kernel reported, the time from the kernel's
 //! timestamp until a source shows the kubelet reporting it. One [`LagTracker`] per source keeps the
 //! exits that source has not reported yet; the source hands it every pod it reads, and the tracker
-//! settles the exits those pods report ([`reports_exit`]: the pure part), observes their lag and
-//! gives up on exits older than the bound.
+//! settles the exits those pods report ([`reports_exit`]: the pure part), observes their lag, drops
+//! the exits whose pod left the source unreported (a removed pod's containers) and gives up on
+//! exits older than the bound.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -124,19 +125,34 @@ impl From<&Pod> for PodReport {
     }
 }
 
-/// Whether `pod` shows the kubelet reporting `exit`: the pod is the exit's (by uid, or for a mirror
-/// pod by its static pod's uid) and one of its container statuses of that name either is the
-/// container, terminated, or has it as its last, terminated, state (the kubelet restarted it).
-pub fn reports_exit(pod: &PodReport, exit: &PendingExit) -> bool {
+/// What a read of a source holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listing {
+    /// Every pod the source holds, read by a request started at `started_at_ns`
+    /// (`CLOCK_MONOTONIC`): a `/pods` answer. A pod it lacks that had an exit before the request
+    /// started is gone (a container only runs in a pod the kubelet holds).
+    Complete { started_at_ns: u64 },
+    /// Some of its pods: a watch event's, or none after a failed read.
+    Partial,
+}
+
+/// Whether `pod` is `exit`'s pod: by uid, or for a mirror pod by its static pod's uid.
+fn is_pod_of(pod: &PodReport, exit: &PendingExit) -> bool {
     let uid = exit.container.pod_uid.as_str();
-    let same_pod = pod.metadata.uid.as_deref() == Some(uid)
+    pod.metadata.uid.as_deref() == Some(uid)
         || pod
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.static_pod_uid.as_deref())
-            == Some(uid);
-    if !same_pod {
+            == Some(uid)
+}
+
+/// Whether `pod` shows the kubelet reporting `exit`: the pod is the exit's ([`is_pod_of`]) and one
+/// of its container statuses of that name either is the container, terminated, or has it as its
+/// last, terminated, state (the kubelet restarted it).
+pub fn reports_exit(pod: &PodReport, exit: &PendingExit) -> bool {
+    if !is_pod_of(pod, exit) {
         return false;
     }
     let Some(status) = &pod.status else {
@@ -242,22 +258,34 @@ impl LagTracker {
         }
     }
 
-    /// Settles the pending exits that `pods`, read at `seen_at_ns` (`CLOCK_MONOTONIC`), report, and
-    /// gives up on those older than the bound. Returns the settled exits with their lag.
+    /// Settles the pending exits that `pods`, read at `seen_at_ns` (`CLOCK_MONOTONIC`), report;
+    /// drops those whose pod a complete `listing` shows gone, and gives up on those older than the
+    /// bound. Returns the settled exits with their lag.
     pub fn settle<'a>(
         &self,
         pods: impl IntoIterator<Item = &'a PodReport>,
+        listing: Listing,
         seen_at_ns: u64,
     ) -> Vec<(PendingExit, Duration)> {
         let pods: Vec<&PodReport> = pods.into_iter().collect();
-        let (settled, gave_up, left) = {
+        let pod_gone = |exit: &PendingExit| match listing {
+            Listing::Complete { started_at_ns } => {
+                started_at_ns > exit.kernel_time_ns && !pods.iter().any(|pod| is_pod_of(pod, exit))
+            }
+            Listing::Partial => false,
+        };
+        let (settled, gone, gave_up) = {
             let mut pending = self.pending();
             let mut settled = Vec::new();
+            let mut gone = Vec::new();
             let mut gave_up = Vec::new();
             pending.retain(|exit| {
                 let lag = Duration::from_nanos(seen_at_ns.saturating_sub(exit.kernel_time_ns));
                 if pods.iter().any(|pod| reports_exit(pod, exit)) {
                     settled.push((exit.clone(), lag));
+                    false
+                } else if pod_gone(exit) {
+                    gone.push(exit.clone());
                     false
                 } else if lag >= self.give_up_after {
                     gave_up.push(exit.clone());
@@ -266,9 +294,10 @@ impl LagTracker {
                     true
                 }
             });
-            (settled, gave_up, pending.len())
+            self.metrics.set_pending(self.source, pending.len());
+            (settled, gone, gave_up)
         };
-        self.metrics.set_pending(self.source, left);
+        self.count_gone(&gone);
         for exit in &gave_up {
             tracing::warn!(source = self.source.label(), container = %exit.container.id,
                 pod = %format_args!("{}/{}", exit.container.namespace, exit.container.pod_name),
@@ -302,6 +331,31 @@ impl LagTracker {
             });
         }
         settled
+    }
+
+    /// Drops the pending exits of `pod`, which the source deleted (a watch's delete event).
+    pub fn pod_deleted(&self, pod: &PodReport) {
+        let gone: Vec<PendingExit> = {
+            let mut pending = self.pending();
+            let (gone, left) = pending.drain(..).partition(|exit| is_pod_of(pod, exit));
+            *pending = left;
+            self.metrics.set_pending(self.source, pending.len());
+            gone
+        };
+        self.count_gone(&gone);
+    }
+
+    /// Counts exits whose pod left the source before it reported them: nothing to measure.
+    fn count_gone(&self, gone: &[PendingExit]) {
+        for exit in gone {
+            tracing::debug!(source = self.source.label(), container = %exit.container.id,
+                pod = %format_args!("{}/{}", exit.container.namespace, exit.container.pod_name),
+                "the pod left before the kubelet reported its container's exit; not measured");
+        }
+        if !gone.is_empty() {
+            self.metrics
+                .exits_of_removed_pods(self.source, u64::try_from(gone.len()).unwrap_or(u64::MAX));
+        }
     }
 }
 
@@ -426,11 +480,15 @@ mod tests {
             "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
             "containerID": "containerd://aaa", "state": {"terminated": {"exitCode": 137}}
         }]}));
-        let settled = tracker.settle([&reported], 1_025_000_000);
+        let settled = tracker.settle([&reported], Listing::Partial, 1_025_000_000);
         assert_eq!(settled.len(), 1);
         assert_eq!(settled[0].1, Duration::from_millis(25));
         assert!(!tracker.is_idle());
-        assert!(tracker.settle([], 61_000_000_000).is_empty());
+        assert!(
+            tracker
+                .settle([], Listing::Partial, 61_000_000_000)
+                .is_empty()
+        );
         assert!(tracker.is_idle(), "ccc was given up on");
         let text = metrics.render().unwrap();
         assert!(text.contains(
@@ -439,5 +497,48 @@ mod tests {
         assert!(text.contains(
             "ringlet_observed_kubelet_status_lag_timeouts_total{source=\"kubelet_pods\"} 1"
         ));
+    }
+
+    /// A complete listing without the exit's pod drops the exit, but only when the read started
+    /// after the exit (an older answer may predate the pod); a partial one never does, and a
+    /// deleted pod drops its exits.
+    #[tokio::test]
+    async fn an_exit_whose_pod_left_the_source_is_dropped_not_given_up() {
+        let metrics = ObserveMetrics::new(&[SourceKind::KubeletPods]).unwrap();
+        let tracker = LagTracker::new(
+            SourceKind::KubeletPods,
+            Duration::from_mins(1),
+            metrics.clone(),
+            EventBroadcaster::default(),
+        );
+        tracker.exited(exit("aaa"));
+        let running = pod(json!({"containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
+            "containerID": "containerd://aaa", "state": {"running": {}}
+        }]}));
+        let before_the_exit = Listing::Complete {
+            started_at_ns: 999_000_000,
+        };
+        let after_the_exit = Listing::Complete {
+            started_at_ns: 1_001_000_000,
+        };
+        tracker.settle([], before_the_exit, 1_002_000_000);
+        tracker.settle([], Listing::Partial, 1_002_000_000);
+        tracker.settle([&running], after_the_exit, 1_002_000_000);
+        assert!(!tracker.is_idle(), "the pod is still listed, or may be");
+        tracker.settle([], after_the_exit, 1_003_000_000);
+        assert!(tracker.is_idle());
+
+        tracker.exited(exit("bbb"));
+        tracker.pod_deleted(&running);
+        assert!(tracker.is_idle());
+        let text = metrics.render().unwrap();
+        assert!(text.contains(
+            "ringlet_observed_kubelet_exits_of_removed_pods_total{source=\"kubelet_pods\"} 2"
+        ));
+        assert!(text.contains(
+            "ringlet_observed_kubelet_status_lag_timeouts_total{source=\"kubelet_pods\"} 0"
+        ));
+        assert!(text.contains("ringlet_observed_pending_exits{source=\"kubelet_pods\"} 0"));
     }
 }

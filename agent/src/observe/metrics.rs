@@ -18,6 +18,7 @@ pub struct ObserveMetrics {
     registry: Registry,
     lag: HistogramVec,
     gave_up: IntCounterVec,
+    exits_of_removed_pods: IntCounterVec,
     source_errors: IntCounterVec,
     pending: prometheus::IntGaugeVec,
     exits: IntCounter,
@@ -54,6 +55,11 @@ impl ObserveMetrics {
             gave_up: counter_vec(
                 "ringlet_observed_kubelet_status_lag_timeouts_total",
                 "Container exits the kubelet did not report within the give-up bound.",
+            )?,
+            exits_of_removed_pods: counter_vec(
+                "ringlet_observed_kubelet_exits_of_removed_pods_total",
+                "Container exits not measured: their pod left the source before it reported them \
+                 (a removed pod's containers).",
             )?,
             source_errors: counter_vec(
                 "ringlet_observed_source_errors_total",
@@ -93,6 +99,7 @@ impl ObserveMetrics {
             let label = [source.label()];
             metrics.lag.with_label_values(&label);
             metrics.gave_up.with_label_values(&label);
+            metrics.exits_of_removed_pods.with_label_values(&label);
             metrics.source_errors.with_label_values(&label);
             metrics.pending.with_label_values(&label);
         }
@@ -107,6 +114,12 @@ impl ObserveMetrics {
 
     pub fn gave_up(&self, source: SourceKind, exits: u64) {
         self.gave_up
+            .with_label_values(&[source.label()])
+            .inc_by(exits);
+    }
+
+    pub fn exits_of_removed_pods(&self, source: SourceKind, exits: u64) {
+        self.exits_of_removed_pods
             .with_label_values(&[source.label()])
             .inc_by(exits);
     }
