@@ -464,8 +464,8 @@ mod tests {
         assert!(reports_exit(&decoded, &exit("aaa")));
     }
 
-    #[tokio::test]
-    async fn settling_observes_the_lag_and_old_exits_are_given_up() {
+    /// A `kubelet_pods` tracker that gives up after a minute, and its metrics.
+    fn kubelet_pods_tracker() -> (LagTracker, ObserveMetrics) {
         let metrics = ObserveMetrics::new(&[SourceKind::KubeletPods]).unwrap();
         let tracker = LagTracker::new(
             SourceKind::KubeletPods,
@@ -473,6 +473,12 @@ mod tests {
             metrics.clone(),
             EventBroadcaster::default(),
         );
+        (tracker, metrics)
+    }
+
+    #[tokio::test]
+    async fn settling_observes_the_lag_and_old_exits_are_given_up() {
+        let (tracker, metrics) = kubelet_pods_tracker();
         tracker.exited(exit("aaa"));
         tracker.exited(exit("ccc"));
         tracker.wait_for_exits().await;
@@ -504,13 +510,7 @@ mod tests {
     /// deleted pod drops its exits.
     #[tokio::test]
     async fn an_exit_whose_pod_left_the_source_is_dropped_not_given_up() {
-        let metrics = ObserveMetrics::new(&[SourceKind::KubeletPods]).unwrap();
-        let tracker = LagTracker::new(
-            SourceKind::KubeletPods,
-            Duration::from_mins(1),
-            metrics.clone(),
-            EventBroadcaster::default(),
-        );
+        let (tracker, metrics) = kubelet_pods_tracker();
         tracker.exited(exit("aaa"));
         let running = pod(json!({"containerStatuses": [{
             "name": "main", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
