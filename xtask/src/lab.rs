@@ -256,7 +256,7 @@ fn write_if_changed(path: &Path, contents: &[u8]) -> Result<bool> {
 }
 
 /// The version of the containerd answering on the lab's socket (`Version:` under `Server:` of
-/// `ctr version`, the version with its `v` prefix, e.g. `1.6.20~ds1`).
+/// `ctr version`, without a `v` prefix, e.g. `1.6.20~ds1`).
 pub fn server_version() -> Result<String> {
     let version = cmd::output(ctr().arg("version"))?;
     Ok(version
