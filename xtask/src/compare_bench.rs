@@ -78,14 +78,6 @@ impl CompareArgs {
     fn evented_pleg(&self) -> bool {
         self.containerd == Some(lab::Containerd::Trixie)
     }
-
-    /// The results' file name without extension.
-    fn results_name(&self) -> String {
-        match self.containerd {
-            Some(lab::Containerd::Trixie) => "compare-containerd-1.7".to_owned(),
-            _ => "compare".to_owned(),
-        }
-    }
 }
 
 /// One measured number of one agent; single measurements have median = p99.
@@ -132,15 +124,24 @@ struct Report {
     host_network: bool,
     /// The kubelet ran with its `EventedPLEG` feature gate (else its generic, relisting PLEG).
     kubelet_evented_pleg: bool,
-    /// The results' file name without extension (the SVG the Markdown shows).
-    #[serde(skip)]
-    name: String,
     exits: usize,
     settle_s: u64,
     window_s: u64,
     sides: Vec<Side>,
     metrics: Vec<Metric>,
     ratios: Vec<Ratio>,
+}
+
+impl Report {
+    /// The results' file name without extension: runs against the Evented PLEG (containerd 1.7)
+    /// keep their own.
+    fn name(&self) -> &'static str {
+        if self.kubelet_evented_pleg {
+            "compare-containerd-1.7"
+        } else {
+            "compare"
+        }
+    }
 }
 
 pub fn compare(args: &CompareArgs) -> Result<()> {
@@ -234,7 +235,6 @@ pub fn compare(args: &CompareArgs) -> Result<()> {
         pods: args.pods.clone(),
         host_network: !args.pod_network,
         kubelet_evented_pleg: args.evented_pleg(),
-        name: args.results_name(),
         exits: args.exits,
         settle_s: args.settle,
         window_s: args.window,
@@ -242,8 +242,8 @@ pub fn compare(args: &CompareArgs) -> Result<()> {
         ratios: ratios(&metrics),
         metrics,
     };
-    benchkit::write_results(&root, &report.name, &report, &markdown(&report))?;
-    let svg_path = root.join(format!("bench/results/{}.svg", report.name));
+    benchkit::write_results(&root, report.name(), &report, &markdown(&report))?;
+    let svg_path = root.join(format!("bench/results/{}.svg", report.name()));
     fs::write(&svg_path, svg(&report.metrics))
         .with_context(|| format!("writing {}", svg_path.display()))?;
     println!("wrote {}", svg_path.display());
@@ -540,7 +540,7 @@ fn markdown(report: &Report) -> String {
             );
         }
     }
-    let _ = writeln!(out, "\n![exit → status CDF]({}.svg)", report.name);
+    let _ = writeln!(out, "\n![exit → status CDF]({}.svg)", report.name());
     targets(&mut out, report);
     out
 }
@@ -674,7 +674,6 @@ mod tests {
             pods: vec![10, 100],
             host_network: true,
             kubelet_evented_pleg: false,
-            name: "compare".to_owned(),
             exits: 2,
             settle_s: 1,
             window_s: 3,
@@ -759,7 +758,6 @@ mod tests {
     fn the_evented_kubelet_is_named_and_held_to_its_own_target() {
         let mut evented = report(fixed());
         evented.kubelet_evented_pleg = true;
-        evented.name = "compare-containerd-1.7".to_owned();
         let md = markdown(&evented);
         assert!(md.contains("- kubelet: `Kubernetes v1.36.2`, feature gate `EventedPLEG=true`"));
         assert!(md.contains(

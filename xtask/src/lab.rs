@@ -355,8 +355,8 @@ fn unpack_trixie_containerd() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// The lab's containerd configuration; `shim` names the runc shim when it is not the one on
-/// `PATH` (containerd looks the shim up on `PATH` first, where bookworm's 1.6 shim is).
+/// The lab's containerd configuration; `shim` names the runc shim to run instead of the one on
+/// `PATH` (bookworm's 1.6 shim, which trixie's 1.7 must not pick up).
 fn containerd_config(shim: Option<&Path>) -> String {
     let runtime_path = shim.map_or_else(String::new, |shim| {
         format!("  runtime_path = \"{}\"\n", shim.display())

@@ -1,8 +1,9 @@
 //! The `apiserver` source: the node's pods (`spec.nodeName=<node>`) watched in the API server
 //! through kube-rs's watcher; every pod a watch event delivers is checked against the exits
-//! waiting, at the moment the event arrives, and a deleted pod's exits are dropped. This is the kubelet's report as the rest of the
-//! cluster sees it (its status update, after the status manager's round trip). Watch failures are
-//! logged (once per change), counted and retried with the watcher's back-off.
+//! waiting, at the moment the event arrives, and a deleted pod's exits are dropped. This is the
+//! kubelet's report as the rest of the cluster sees it (its status update, after the status
+//! manager's round trip). Watch failures are logged (once per change), counted and retried with
+//! the watcher's back-off.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,8 +1,9 @@
 //! The `kubelet-pods` source: the kubelet's own `GET /pods` (the read-only port, or the
 //! authenticated one with a CA bundle and a bearer token), polled every few milliseconds while an
 //! exit waits and not at all otherwise. Reads overlap, so a slow answer does not delay the next
-//! read. An answer lists every pod the kubelet holds, so an exit whose pod it lacks is dropped. A failed or undecodable read is logged (once per change of the problem), counted and
-//! shown on `/healthz?verbose`; the loop goes on.
+//! read. An answer lists every pod the kubelet holds, so an exit whose pod it lacks is dropped. A
+//! failed or undecodable read is logged (once per change of the problem), counted and shown on
+//! `/healthz?verbose`; the loop goes on.
 
 use std::path::Path;
 use std::sync::Arc;
