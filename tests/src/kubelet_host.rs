@@ -61,7 +61,7 @@ pub struct LabKubelet {
     pub manifests: PathBuf,
     /// Where its configuration, pod logs, volume plugins and certificates go.
     pub run_dir: PathBuf,
-    /// `--root-dir` (which it bind-mounts onto itself: see [`unmount_below`]).
+    /// `--root-dir`, which [`LabKubelet::spawn`] makes a shared mount point: see [`unmount_below`].
     pub root_dir: PathBuf,
     pub read_only_port: u16,
     pub port: u16,
@@ -169,11 +169,25 @@ evictionHard:
 }
 
 impl LabKubelet {
-    /// Creates its manifest and root directories and starts `kubelet` as node `node`, its output
-    /// going to `kubelet.log` in the run directory.
+    /// Creates its manifest and root directories, makes the root directory a shared mount point
+    /// and starts `kubelet` as node `node`, its output going to `kubelet.log` in the run directory.
+    ///
+    /// The kubelet bind-mounts a root directory that is not on a shared mount onto itself, in a
+    /// goroutine that races the one creating its pod-resources socket below that directory: when
+    /// the mount lands inside that socket's rename, the rename fails with EXDEV and the kubelet
+    /// exits (seen once in CI). Sharing the directory first leaves the kubelet nothing to mount.
     pub fn spawn(&self, kubelet: &Path, node: &str) -> Result<std::process::Child> {
         fs::create_dir_all(&self.manifests)?;
         fs::create_dir_all(&self.root_dir)?;
+        share_mount_point(&self.root_dir)?;
+        let started = self.start(kubelet, node);
+        if started.is_err() {
+            let _ = unmount_below(&self.root_dir);
+        }
+        started
+    }
+
+    fn start(&self, kubelet: &Path, node: &str) -> Result<std::process::Child> {
         let log = fs::File::create(self.log_path())?;
         self.command(kubelet, node)?
             .stdin(std::process::Stdio::null())
@@ -187,6 +201,23 @@ impl LabKubelet {
     pub fn log_path(&self) -> PathBuf {
         self.run_dir.join("kubelet.log")
     }
+}
+
+/// Bind-mounts `dir` onto itself with shared propagation (`mount --bind` and `--make-rshared`),
+/// as the kubelet does with its root directory; [`unmount_below`] undoes it.
+fn share_mount_point(dir: &Path) -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .with_context(|| format!("bind-mounting {} onto itself", dir.display()))?;
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .with_context(|| format!("making {} a shared mount", dir.display()))?;
+    Ok(())
 }
 
 /// Containers (sandboxes included) in the lab's containerd, of any pod.
