@@ -19,6 +19,9 @@ struct Entry {
 #[derive(Default)]
 struct State {
     pods: HashMap<PodUid, Entry>,
+    /// When the runtime was last read for a pod it had nothing of, for pods read since the last
+    /// full relist (older reads are covered by `global`).
+    absent: HashMap<PodUid, Instant>,
     /// Every pod's entry is at least this fresh (set after each full relist).
     global: Option<Instant>,
 }
@@ -55,13 +58,16 @@ impl PodCache {
     /// Stores the status read from the runtime at `modified`.
     pub fn set(&self, status: PodStatus, modified: Instant) {
         let uid = status.uid.clone();
-        self.lock().pods.insert(
+        let mut state = self.lock();
+        state.absent.remove(&uid);
+        state.pods.insert(
             uid,
             Entry {
                 status: Arc::new(status),
                 modified,
             },
         );
+        drop(state);
         self.changed.notify_waiters();
     }
 
@@ -83,14 +89,22 @@ impl PodCache {
         self.lock().pods.get(uid).map(|e| Arc::clone(&e.status))
     }
 
-    /// Forgets a pod.
-    pub fn delete(&self, uid: &PodUid) {
-        self.lock().pods.remove(uid);
+    /// Forgets a pod the runtime had nothing of when it was read at `read_at`: a worker waiting
+    /// for a read newer than its last sync gets the pod's empty status from that read.
+    pub fn delete(&self, uid: &PodUid, read_at: Instant) {
+        let mut state = self.lock();
+        state.pods.remove(uid);
+        state.absent.insert(uid.clone(), read_at);
+        drop(state);
+        self.changed.notify_waiters();
     }
 
     /// Marks every entry as fresh as `time` (the start of a completed full relist).
     pub fn update_time(&self, time: Instant) {
-        self.lock().global = Some(time);
+        let mut state = self.lock();
+        state.global = Some(time);
+        state.absent.retain(|_, read_at| *read_at > time);
+        drop(state);
         self.changed.notify_waiters();
     }
 
@@ -98,8 +112,9 @@ impl PodCache {
         let state = self.lock();
         let entry = state.pods.get(uid);
         let after_min = |t: Instant| min.is_none_or(|min| t > min);
-        let fresh =
-            entry.is_some_and(|e| after_min(e.modified)) || state.global.is_some_and(after_min);
+        let fresh = entry.is_some_and(|e| after_min(e.modified))
+            || state.absent.get(uid).copied().is_some_and(after_min)
+            || state.global.is_some_and(after_min);
         fresh.then(|| {
             entry.map_or_else(
                 || {
@@ -244,5 +259,36 @@ mod tests {
             .await;
         assert_eq!(got.uid, PodUid::from("unknown"));
         assert!(got.containers.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_that_finds_nothing_of_the_pod_satisfies_a_waiting_worker() {
+        let cache = Arc::new(PodCache::new());
+        let uid = PodUid::from("never-started");
+        let early_read = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let synced = Instant::now();
+        cache.delete(&uid, early_read);
+        let waiter = tokio::spawn({
+            let (cache, uid) = (Arc::clone(&cache), uid.clone());
+            async move { cache.get_newer_than(&uid, Some(synced)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "a read from before the worker's sync does not satisfy it"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.delete(&uid, Instant::now());
+        let got = waiter.await.unwrap();
+        assert_eq!(got.uid, uid);
+        assert!(got.sandboxes.is_empty() && got.containers.is_empty());
+
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.update_time(Instant::now());
+        assert!(
+            cache.lock().absent.is_empty(),
+            "a later full relist covers the reads that found nothing"
+        );
     }
 }

@@ -659,7 +659,7 @@ impl GenericPleg {
             record.old = Some(current);
             record.current = None;
         } else {
-            self.cache.delete(uid);
+            self.cache.delete(uid, start);
             self.records.remove(uid);
         }
         let mut sent = 0;
@@ -736,7 +736,7 @@ impl GenericPleg {
         read_at: Instant,
     ) -> Result<(), PlegError> {
         let Some(pod) = pod else {
-            self.cache.delete(uid);
+            self.cache.delete(uid, read_at);
             return Ok(());
         };
         let mut status = self
