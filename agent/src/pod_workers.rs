@@ -198,6 +198,9 @@ struct Shared {
     backoff_period: Duration,
     /// Panics of the worker tasks, for `/healthz`.
     panics: TaskPanics,
+    /// Notified when a pod finishes terminating (cleaned up): the status syncer may delete it from
+    /// the API server now.
+    finished: Arc<Notify>,
 }
 
 /// Cloneable handle to the pod workers.
@@ -227,6 +230,7 @@ impl PodWorkers {
         queue: Arc<WorkQueue>,
         resync_interval: Duration,
         backoff_period: Duration,
+        finished: Arc<Notify>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -237,6 +241,7 @@ impl PodWorkers {
                 resync_interval,
                 backoff_period,
                 panics: TaskPanics::default(),
+                finished,
             }),
         }
     }
@@ -491,6 +496,9 @@ async fn run_worker(
                 if next_phase != worker.phase {
                     worker.phase = next_phase;
                     worker.work_requested = true;
+                    if next_phase == (WorkerPhase::Terminated { cleaned_up: true }) {
+                        shared.finished.notify_one();
+                    }
                 }
                 if next_phase == WorkerPhase::Syncing {
                     shared
@@ -582,6 +590,7 @@ async fn perform(shared: &Shared, step: &Step, status: &PodStatus) -> Result<Per
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use tokio::sync::mpsc;
 
@@ -689,6 +698,8 @@ mod tests {
         gate: Arc<tokio::sync::Semaphore>,
         queue: Arc<WorkQueue>,
         syncer: Arc<Recording>,
+        /// What the pod workers notify when a pod finishes terminating.
+        finished: Arc<Notify>,
     }
 
     fn fixture(terminal_after_sync: bool, fail_terminate_once: bool, permits: usize) -> Fixture {
@@ -715,12 +726,14 @@ mod tests {
         let cache = Arc::new(PodCache::new());
         cache.update_time(Instant::now());
         let queue = Arc::new(WorkQueue::default());
+        let finished = Arc::new(Notify::new());
         let workers = PodWorkers::new(
             Arc::clone(&syncer) as Arc<dyn PodSyncer>,
             cache,
             Arc::clone(&queue),
             Duration::from_mins(1),
             SYNC_BACKOFF_PERIOD,
+            Arc::clone(&finished),
         );
         Fixture {
             workers,
@@ -728,6 +741,7 @@ mod tests {
             gate,
             queue,
             syncer,
+            finished,
         }
     }
 
@@ -830,7 +844,14 @@ mod tests {
         relist(&f.workers).await;
         assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
         relist(&f.workers).await;
+        assert!(
+            f.finished.notified().now_or_never().is_none(),
+            "not finished before the cleanup"
+        );
         assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Kept)));
+        tokio::time::timeout(Duration::from_secs(1), f.finished.notified())
+            .await
+            .expect("the cleaned-up pod is announced as finished");
         let wanted: HashSet<PodUid> = [PodUid::from("uid-1")].into();
         assert!(f.workers.forget_finished(&wanted).is_empty());
         assert!(!f.workers.is_pod_active(&PodUid::from("uid-1")));

@@ -759,20 +759,36 @@ impl Drop for Agent {
             }
         }
         let node = self.node.clone();
-        let _ = wait_for(
+        let pods_dir = self.root_dir.join("pods");
+        // A pod is gone once its containers are and the agent has removed its directory, which
+        // unmounts its volumes.
+        let removed = wait_for(
             "the test's pods to be removed",
             Duration::from_mins(1),
             || {
                 let left = containers_of_node(&node).ok()?;
-                left.is_empty().then_some(())
+                let dirs_left = fs::read_dir(&pods_dir).is_ok_and(|mut d| d.next().is_some());
+                (left.is_empty() && !dirs_left).then_some(())
             },
         );
+        if let Err(err) = removed {
+            let dirs: Vec<_> = fs::read_dir(&pods_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|entry| entry.file_name())
+                .collect();
+            eprintln!("{err:#}; pod directories left: {dirs:?}");
+        }
         if let Some(mut child) = self.child.take() {
             if let Ok(pid) = i32::try_from(child.id()) {
                 // SAFETY: `pid` is our own child, not yet reaped, so it cannot name another process.
                 unsafe { libc::kill(pid, libc::SIGTERM) };
             }
             let _ = child.wait();
+        }
+        if let Err(err) = kubelet_host::unmount_below(&self.root_dir) {
+            eprintln!("unmounting what the agent left below its root dir: {err:#}");
         }
     }
 }

@@ -620,7 +620,16 @@ fn bad_references_and_paths_give_the_kubelets_reasons() -> Result<()> {
     let Some(cluster) = require(test) else {
         return Ok(());
     };
-    let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
+    // No safety relist during the test: a pod that never reached the runtime is retried, and
+    // cleaned up once deleted, on the read of it the pod worker asks for.
+    let node = ClusterNode::start(
+        test,
+        &cluster,
+        ClusterNodeOptions {
+            args: vec!["--pleg-relist-period".to_owned(), "1h".to_owned()],
+            ..ClusterNodeOptions::default()
+        },
+    )?;
     let ns = node.namespace.clone();
     // The namespace outlives a test run: the configMap must not exist yet.
     run(node
@@ -702,6 +711,23 @@ fn bad_references_and_paths_give_the_kubelets_reasons() -> Result<()> {
     assert_eq!(
         message,
         "MountVolume.SetUp failed for volume \"s\" : references non-existent secret key: nokey"
+    );
+    // Deleted while it waits to retry: its directory goes, the service account token's tmpfs
+    // with it.
+    let waiting = node
+        .api_pod("no-volume-key")?
+        .context("no-volume-key is gone")?;
+    let pod_dir = node.agent().root_dir().join("pods").join(uid_of(&waiting));
+    ensure!(pod_dir.exists(), "no directory for no-volume-key");
+    run(node
+        .kubectl()
+        .args(["delete", "pod", "no-volume-key", "--wait=false"]))?;
+    wait_for("no-volume-key's directory to be removed", START, || {
+        (!pod_dir.exists()).then_some(())
+    })?;
+    ensure!(
+        node.api_pod("no-volume-key")?.is_none(),
+        "no-volume-key's deletion did not complete"
     );
 
     // The API server refuses a path leaving the volume and two volumes of one name.

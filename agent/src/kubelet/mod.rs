@@ -214,6 +214,7 @@ impl Kubelet {
             Arc::clone(&queue),
             settings.sync_frequency,
             SYNC_BACKOFF_PERIOD,
+            status.changed(),
         );
         let housekeeping = Housekeeping::new(
             Arc::clone(&runtime),

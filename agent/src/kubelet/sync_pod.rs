@@ -22,7 +22,9 @@ use crate::pod_workers::{
 };
 use crate::podconfig::CONFIG_SEEN_ANNOTATION;
 use crate::prober::ProbeHandle;
-use crate::status::{ReasonCache, StatusInputs, StatusManager, generate_api_pod_status};
+use crate::status::{
+    ReasonCache, StatusInputs, StatusManager, final_pod_status, generate_api_pod_status,
+};
 use crate::volumes::VolumeManager;
 
 use super::runtime_state::RuntimeState;
@@ -57,6 +59,17 @@ fn pod_object(pod: &Pod) -> String {
 
 fn uid_of(pod: &Pod) -> PodUid {
     PodUid::from(pod.metadata.uid.as_deref().unwrap_or_default())
+}
+
+/// Where in its life a pod is when its status is generated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StatusStage {
+    /// Wanted and synced.
+    Syncing,
+    /// Stopped, and about to run again as a new life of the pod.
+    StoppedForRestart,
+    /// Stopped for good: the status is final.
+    Final,
 }
 
 fn is_terminal_phase(phase: Option<&str>) -> bool {
@@ -121,21 +134,24 @@ impl KubeletSyncer {
         &self,
         pod: &Pod,
         runtime_status: &PodStatus,
-        pod_is_terminal: bool,
+        stage: StatusStage,
     ) -> Option<String> {
         let uid = uid_of(pod);
         let previous = self.status.get_pod_status(&uid);
-        let api_status = generate_api_pod_status(
+        let mut api_status = generate_api_pod_status(
             pod,
             runtime_status,
             &StatusInputs {
                 reasons: &self.reasons,
                 previous: previous.as_ref(),
                 host_ip: &self.host_ip,
-                pod_is_terminal,
+                pod_is_terminal: stage != StatusStage::Syncing,
                 probes: &self.probes,
             },
         );
+        if stage == StatusStage::Final {
+            api_status = final_pod_status(pod, api_status);
+        }
         let phase = api_status.phase.clone();
         if self.status.set_pod_status(pod, api_status) {
             status_stored(
@@ -195,7 +211,7 @@ impl PodSyncer for KubeletSyncer {
         status: &PodStatus,
         update_type: UpdateType,
     ) -> Result<SyncOutcome, SyncError> {
-        let phase = self.update_status(pod, status, false);
+        let phase = self.update_status(pod, status, StatusStage::Syncing);
         if is_terminal_phase(phase.as_deref()) {
             return Ok(SyncOutcome {
                 terminal: true,
@@ -295,12 +311,12 @@ impl PodSyncer for KubeletSyncer {
         self.probes.remove_pod(&uid);
         match cleanup {
             Cleanup::Kept => {
-                self.update_status(pod, status, true);
+                self.update_status(pod, status, StatusStage::Final);
             }
             Cleanup::Restarting => {
                 // The stopped containers show as they are until the pod runs again, and then
                 // may run again whatever their restart policy: it is a new life of the pod.
-                self.update_status(pod, status, true);
+                self.update_status(pod, status, StatusStage::StoppedForRestart);
                 self.status.allow_restart(&uid);
             }
             Cleanup::Removed => {}

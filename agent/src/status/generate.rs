@@ -19,8 +19,8 @@ use crate::container::{
 
 const PENDING: &str = "Pending";
 const RUNNING: &str = "Running";
-const SUCCEEDED: &str = "Succeeded";
-const FAILED: &str = "Failed";
+pub(super) const SUCCEEDED: &str = "Succeeded";
+pub(super) const FAILED: &str = "Failed";
 
 const POD_READY_TO_START_CONTAINERS: &str = "PodReadyToStartContainers";
 const INITIALIZED: &str = "Initialized";
