@@ -302,6 +302,13 @@ pub trait Runtime: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The pid (initial pid namespace) of a sandbox's init as the runtime reports it (CRI verbose
+    /// `PodSandboxStatus`); `None` when the runtime does not say.
+    async fn sandbox_init_pid(&self, id: &SandboxId) -> Result<Option<u32>, RuntimeError> {
+        let _ = id;
+        Ok(None)
+    }
+
     /// Moves the pod's sandbox and containers one step towards the spec (the kubelet's
     /// `kubeGenericRuntimeManager.SyncPod`).
     async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult;

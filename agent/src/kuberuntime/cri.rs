@@ -259,21 +259,29 @@ impl CriClient {
     }
 
     pub async fn pod_sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatus, CriError> {
+        let response = self.pod_sandbox_status_response(id, false).await?;
+        response.status.ok_or(CriError::MissingField {
+            call: "PodSandboxStatus",
+            field: "status",
+        })
+    }
+
+    async fn pod_sandbox_status_response(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<cri::PodSandboxStatusResponse, CriError> {
         let request = cri::PodSandboxStatusRequest {
             pod_sandbox_id: id.to_owned(),
-            verbose: false,
+            verbose,
         };
-        let response = call!(
+        call!(
             self,
             runtime,
             pod_sandbox_status,
             "PodSandboxStatus",
             request
-        )?;
-        response.status.ok_or(CriError::MissingField {
-            call: "PodSandboxStatus",
-            field: "status",
-        })
+        )
     }
 
     pub async fn list_pod_sandbox(
@@ -363,6 +371,12 @@ impl CriClient {
             verbose: true,
         };
         let response = call!(self, runtime, container_status, "ContainerStatus", request)?;
+        Ok(response.info.get("info").and_then(|info| verbose_pid(info)))
+    }
+
+    /// The sandbox's init (pause) pid from the verbose status, as for [`CriClient::container_pid`].
+    pub async fn sandbox_pid(&self, id: &str) -> Result<Option<u32>, CriError> {
+        let response = self.pod_sandbox_status_response(id, true).await?;
         Ok(response.info.get("info").and_then(|info| verbose_pid(info)))
     }
 

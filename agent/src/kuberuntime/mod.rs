@@ -34,7 +34,7 @@ pub(crate) use resource_field::resource_field_value;
 
 use crate::container::{
     ContainerId, ImageInfo, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
-    RuntimeCondition, RuntimeError, RuntimeStatus,
+    RuntimeCondition, RuntimeError, RuntimeStatus, SandboxId,
 };
 use crate::events::{EventObject, EventType, Recorder};
 use container::EnvSources;
@@ -216,6 +216,10 @@ impl Runtime for KubeGenericRuntimeManager {
 
     async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {
         Ok(self.cri.container_pid(id.as_str()).await?)
+    }
+
+    async fn sandbox_init_pid(&self, id: &SandboxId) -> Result<Option<u32>, RuntimeError> {
+        Ok(self.cri.sandbox_pid(id.as_str()).await?)
     }
 
     async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult {

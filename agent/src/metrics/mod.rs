@@ -273,6 +273,7 @@ struct Inner {
     ring_buffer_drops: IntCounter,
     kernel_exits: IntCounter,
     kernel_exits_pending: IntGauge,
+    pods_awaiting_runtime: IntGauge,
     kernel_runtime_mismatch: IntCounter,
     pleg_panics: IntCounter,
     pleg_mode: IntGaugeVec,
@@ -469,6 +470,16 @@ impl Metrics {
                     "Kernel-published exits the runtime has not reported yet.",
                 ),
             )?,
+            pods_awaiting_runtime: register(
+                r,
+                "ringlet_pleg_pods_awaiting_runtime",
+                IntGauge::new(
+                    "ringlet_pleg_pods_awaiting_runtime",
+                    "Pods whose runtime does not show yet a container start or exit the kernel \
+                     reported; read again with back-off until the grace period, then everything \
+                     is relisted.",
+                ),
+            )?,
             kernel_runtime_mismatch: register(
                 r,
                 "ringlet_pleg_kernel_runtime_mismatch_total",
@@ -645,6 +656,14 @@ impl Metrics {
         self.inner
             .kernel_exits_pending
             .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
+
+    /// Pods read again until the runtime catches up with the kernel
+    /// (`ringlet_pleg_pods_awaiting_runtime`).
+    pub fn set_pods_awaiting_runtime(&self, pods: usize) {
+        self.inner
+            .pods_awaiting_runtime
+            .set(i64::try_from(pods).unwrap_or(i64::MAX));
     }
 
     /// One disagreement of the runtime with a kernel-published exit

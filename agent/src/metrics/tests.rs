@@ -22,6 +22,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("ringlet_ebpf_ring_buffer_drops_total", "counter"),
     ("ringlet_pleg_kernel_exits_total", "counter"),
     ("ringlet_pleg_kernel_exits_pending", "gauge"),
+    ("ringlet_pleg_pods_awaiting_runtime", "gauge"),
     ("ringlet_pleg_kernel_runtime_mismatch_total", "counter"),
     ("ringlet_pleg_panics_total", "counter"),
     ("ringlet_pleg_mode", "gauge"),

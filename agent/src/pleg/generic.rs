@@ -34,7 +34,8 @@ use super::{
     Refreshes,
 };
 use crate::container::{
-    ContainerId, ContainerState, PodCache, PodStatus, PodUid, RunningPod, Runtime, SandboxState,
+    ContainerId, ContainerState, PodCache, PodStatus, PodUid, RunningPod, Runtime, SandboxId,
+    SandboxState,
 };
 use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::{HintLabel, Metrics, RelistType};
@@ -187,6 +188,7 @@ impl GenericPleg {
             record.current = None;
         }
         self.queue = HintQueue::default();
+        self.metrics.set_pods_awaiting_runtime(0);
         self.kernel_exits = KernelExits::default();
         self.metrics
             .set_kernel_exits_pending(self.kernel_exits.pending());
@@ -430,19 +432,43 @@ impl GenericPleg {
         });
     }
 
-    /// Asks the runtime, beside the PLEG loop, for the init pid of every running container of
-    /// `pods` not asked about yet (new, or adopted after a restart); ebpf mode only, where a
-    /// kernel-reported exit needs it.
+    /// Whether a `Died` fact about `container` of `pod` reported only exits of processes that are
+    /// not its init (known): a process the runtime ran before the init (runc's own, in a new
+    /// cgroup) or beside it. The runtime showing the container running is then no lag.
+    fn exits_were_not_the_init(
+        &self,
+        pod: &PodUid,
+        kind: HintKind,
+        container: &ContainerId,
+    ) -> bool {
+        kind == HintKind::Died
+            && self
+                .init_processes
+                .is_none_of(container, self.queue.exited_tgids(pod, container))
+    }
+
+    /// Asks the runtime, beside the PLEG loop, for the init pid of every running container and
+    /// ready sandbox of `pods` not asked about yet (new, or adopted after a restart); ebpf mode
+    /// only, where a kernel-reported exit needs it.
     fn learn_inits<'a>(&self, pods: impl IntoIterator<Item = &'a RunningPod>) {
         if self.hints.is_none() {
             return;
         }
-        let running = pods
-            .into_iter()
-            .flat_map(|pod| &pod.containers)
-            .filter(|c| c.state == ContainerState::Running)
-            .map(|c| c.id.clone());
-        let unknown = self.init_processes.to_ask(running);
+        // Running containers and ready sandboxes, each with whether it is a sandbox.
+        let mut is_sandbox: HashMap<ContainerId, bool> = HashMap::new();
+        for pod in pods {
+            let ready = pod
+                .sandboxes
+                .iter()
+                .filter(|s| s.state == SandboxState::Ready);
+            is_sandbox.extend(ready.map(|s| (ContainerId::from(s.id.as_str()), true)));
+            let containers = pod
+                .containers
+                .iter()
+                .filter(|c| c.state == ContainerState::Running);
+            is_sandbox.extend(containers.map(|c| (c.id.clone(), false)));
+        }
+        let unknown = self.init_processes.to_ask(is_sandbox.keys().cloned());
         if unknown.is_empty() {
             return;
         }
@@ -452,8 +478,14 @@ impl GenericPleg {
             // An agent restarted on a full node adopts every container at once: a few at a time.
             let reads = unknown.into_iter().map(|id| {
                 let runtime = Arc::clone(&runtime);
+                let sandbox = is_sandbox.get(&id).copied().unwrap_or_default();
                 async move {
-                    let read = runtime.container_init_pid(&id).await;
+                    let read = if sandbox {
+                        let sandbox = SandboxId::from(id.as_str());
+                        runtime.sandbox_init_pid(&sandbox).await
+                    } else {
+                        runtime.container_init_pid(&id).await
+                    };
                     (id, read)
                 }
             });
@@ -581,11 +613,15 @@ impl GenericPleg {
             .values()
             .filter_map(|r| r.old.clone())
             .collect();
-        let present: HashSet<&ContainerId> = listed
+        let present: HashSet<&str> = listed
             .iter()
-            .flat_map(|p| p.containers.iter().map(|c| &c.id))
+            .flat_map(|p| {
+                let sandboxes = p.sandboxes.iter().map(|s| s.id.as_str());
+                sandboxes.chain(p.containers.iter().map(|c| c.id.as_str()))
+            })
             .collect();
-        self.init_processes.retain(|id| present.contains(id));
+        self.init_processes
+            .retain(|id| present.contains(id.as_str()));
         self.learn_inits(&listed);
     }
 
@@ -625,6 +661,8 @@ impl GenericPleg {
                     self.reinspect.insert(uid.clone());
                 }
                 self.queue.forget(uid);
+                self.metrics
+                    .set_pods_awaiting_runtime(self.queue.awaiting_runtime());
                 return;
             }
         };
@@ -639,6 +677,7 @@ impl GenericPleg {
             .expected_changes(uid)
             .into_iter()
             .filter(|(kind, c)| runtime_lags(*kind, seen.get(c).copied()))
+            .filter(|(kind, c)| !self.exits_were_not_the_init(uid, *kind, c))
             .map(|(_, c)| c)
             .collect();
         self.overlay_kernel_exits(&mut status, start);
@@ -688,6 +727,8 @@ impl GenericPleg {
                 self.full_relist_requested = true;
             }
         }
+        self.metrics
+            .set_pods_awaiting_runtime(self.queue.awaiting_runtime());
         self.shared
             .set_running_pod(uid, self.records.get(uid).and_then(|r| r.old.as_ref()));
         self.update_running_metrics();

@@ -1,9 +1,10 @@
-//! Which host process is each container's init: what lets the eBPF PLEG take a kernel-reported exit
-//! as the container's death (ringlet's own; the kubelet trusts only the runtime). An identity is
-//! proven, never guessed: it is the pid the runtime reports for the container (CRI verbose
-//! `ContainerStatus`), read once when the PLEG first sees the container running, whether the agent
-//! started it or adopted it after a restart. A process started later inside the container (`kubectl
-//! exec`, a shell) never has that pid.
+//! Which host process is each container's (and sandbox's) init: what lets the eBPF PLEG take a
+//! kernel-reported exit as the container's death, or as no death at all when another process exited
+//! (ringlet's own; the kubelet trusts only the runtime). An identity is proven, never guessed: it is
+//! the pid the runtime reports (CRI verbose `ContainerStatus` or `PodSandboxStatus`), read once when
+//! the PLEG first sees the container running or the sandbox ready, whether the agent started it or
+//! adopted it after a restart. A process started later inside the container (`kubectl exec`, a
+//! shell) never has that pid.
 //!
 //! The first exec the kernel sees in a container's cgroup is no proof: measured here (containerd 1.6,
 //! runc 1.1), a short-lived process sometimes execs in a new cgroup before the container's init does,
@@ -68,6 +69,14 @@ impl InitProcesses {
         self.lock().get(id) == Some(&Init::Known(tgid))
     }
 
+    /// Whether `id`'s init is known and is none of `tgids`: their exits did not stop `id`.
+    pub(crate) fn is_none_of(&self, id: &ContainerId, tgids: &[u32]) -> bool {
+        match self.lock().get(id) {
+            Some(Init::Known(init)) => !tgids.is_empty() && !tgids.contains(init),
+            _ => false,
+        }
+    }
+
     /// Forgets every container `keep` rejects (gone from the runtime).
     pub(crate) fn retain(&self, keep: impl Fn(&ContainerId) -> bool) {
         self.lock().retain(|id, _| keep(id));
@@ -106,5 +115,25 @@ mod tests {
         inits.retain(|id| id == &known);
         assert_eq!(inits.to_ask([unreported.clone()]), vec![unreported]);
         assert!(inits.is_init(&known, 7));
+    }
+
+    #[test]
+    fn only_a_known_init_rules_exits_out() {
+        let inits = InitProcesses::default();
+        let known = ContainerId::from("a");
+        let asking = ContainerId::from("b");
+        inits.to_ask([known.clone(), asking.clone()]);
+        inits.reported(&known, Some(7));
+        assert!(inits.is_none_of(&known, &[5, 6]));
+        assert!(
+            !inits.is_none_of(&known, &[5, 7]),
+            "one of them was the init"
+        );
+        assert!(!inits.is_none_of(&known, &[]), "exits of unnamed processes");
+        assert!(
+            !inits.is_none_of(&asking, &[5]),
+            "the init is not known yet"
+        );
+        assert!(!inits.is_none_of(&ContainerId::from("never-seen"), &[5]));
     }
 }

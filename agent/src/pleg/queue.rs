@@ -37,6 +37,8 @@ struct Retry {
 struct PendingPod {
     /// The earliest kernel time of each fact (kind, container) not yet reflected.
     facts: HashMap<(HintKind, Option<ContainerId>), u64>,
+    /// For each container with a `Died` fact, the processes (tgids) whose exits it stands for.
+    exited: HashMap<ContainerId, Vec<u32>>,
     queued: bool,
     retry: Option<Retry>,
 }
@@ -63,13 +65,21 @@ impl HintQueue {
     /// Records a hint and queues its pod for a targeted relist unless it already is.
     pub(super) fn push(&mut self, hint: PodHint) {
         let pod = self.pods.entry(hint.pod.clone()).or_default();
-        match pod.facts.entry((hint.kind, hint.container)) {
+        match pod.facts.entry((hint.kind, hint.container.clone())) {
             Entry::Occupied(mut e) => {
                 let t = e.get_mut();
                 *t = (*t).min(hint.kernel_time_ns);
             }
             Entry::Vacant(e) => {
                 e.insert(hint.kernel_time_ns);
+            }
+        }
+        if hint.kind == HintKind::Died
+            && let (Some(container), Some(tgid)) = (hint.container, hint.tgid)
+        {
+            let tgids = pod.exited.entry(container).or_default();
+            if !tgids.contains(&tgid) {
+                tgids.push(tgid);
             }
         }
         if !pod.queued {
@@ -129,6 +139,15 @@ impl HintQueue {
                 .filter_map(|(kind, container)| Some((*kind, container.clone()?)))
                 .collect()
         })
+    }
+
+    /// The processes whose exits the `Died` hints for `container` of `pod` reported (empty when the
+    /// hints named none).
+    pub(super) fn exited_tgids(&self, pod: &PodUid, container: &ContainerId) -> &[u32] {
+        self.pods
+            .get(pod)
+            .and_then(|p| p.exited.get(container))
+            .map_or(&[], Vec::as_slice)
     }
 
     /// Whether every hint for `pod` reported a removed cgroup: for a pod the PLEG does not know,
@@ -200,6 +219,9 @@ impl HintQueue {
             matches!(kind, HintKind::Started | HintKind::Died)
                 && container.as_ref().is_some_and(|c| lagging.contains(c))
         });
+        entry
+            .exited
+            .retain(|container, _| lagging.contains(container));
         match &mut entry.retry {
             None => {
                 entry.retry = Some(Retry {
@@ -222,6 +244,11 @@ impl HintQueue {
             Some(_) => {}
         }
         Settled::Retrying
+    }
+
+    /// How many pods wait, with back-off, for the runtime to catch up with the kernel.
+    pub(super) fn awaiting_runtime(&self) -> usize {
+        self.pods.values().filter(|p| p.retry.is_some()).count()
     }
 
     /// Drops `pod`'s hints (its targeted relist failed; the next full relist re-reads it).
@@ -361,5 +388,31 @@ mod tests {
             }
         );
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn died_hints_keep_which_processes_exited_until_their_container_settles() {
+        let mut q = HintQueue::default();
+        let p = PodUid::from("p");
+        let (first, second) = (ContainerId::from("c"), ContainerId::from("d"));
+        let exit_of = |container: &str, tgid: u32| {
+            let mut h = hint("p", HintKind::Died, Some(container), 1);
+            h.tgid = Some(tgid);
+            h
+        };
+        q.push(exit_of("c", 10));
+        q.push(exit_of("c", 11));
+        q.push(exit_of("c", 10));
+        q.push(exit_of("d", 20));
+        q.push(hint("p", HintKind::Started, Some("c"), 2));
+        assert_eq!(q.exited_tgids(&p, &first), [10, 11]);
+        assert_eq!(q.exited_tgids(&p, &second), [20]);
+        q.pop_ready();
+        assert_eq!(
+            q.settle(&p, std::slice::from_ref(&second), Instant::now()),
+            Settled::Retrying
+        );
+        assert!(q.exited_tgids(&p, &first).is_empty(), "c settled");
+        assert_eq!(q.exited_tgids(&p, &second), [20]);
     }
 }

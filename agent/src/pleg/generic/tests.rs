@@ -33,6 +33,9 @@ struct FakeRuntime {
     /// Init pids `container_init_pid` reports, and how often it was asked.
     init_pids: Mutex<HashMap<ContainerId, u32>>,
     init_pid_calls: Mutex<Vec<ContainerId>>,
+    /// Init pids `sandbox_init_pid` reports, and how often it was asked.
+    sandbox_init_pids: Mutex<HashMap<SandboxId, u32>>,
+    sandbox_init_pid_calls: Mutex<Vec<SandboxId>>,
     /// Exit codes of exited containers (0 when not set).
     exit_codes: Mutex<HashMap<ContainerId, i32>>,
     /// Listings and pod reads wait for a read lock on this: a test that holds the write lock has
@@ -184,6 +187,11 @@ impl Runtime for FakeRuntime {
     async fn container_init_pid(&self, id: &ContainerId) -> Result<Option<u32>, RuntimeError> {
         self.init_pid_calls.lock().unwrap().push(id.clone());
         Ok(self.init_pids.lock().unwrap().get(id).copied())
+    }
+
+    async fn sandbox_init_pid(&self, id: &SandboxId) -> Result<Option<u32>, RuntimeError> {
+        self.sandbox_init_pid_calls.lock().unwrap().push(id.clone());
+        Ok(self.sandbox_init_pids.lock().unwrap().get(id).copied())
     }
 
     async fn sync_pod(&self, _pod: &Pod, _status: &PodStatus) -> PodSyncResult {
@@ -901,6 +909,10 @@ async fn runtime_lag_is_retried_with_back_off() {
     settle().await;
     assert_eq!(t.runtime.take_status_calls().len(), 1, "retry after 1 ms");
     assert!(drain(&mut t.events).is_empty());
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_pods_awaiting_runtime"),
+        1.0
+    );
 
     tokio::time::advance(Duration::from_millis(1)).await;
     settle().await;
@@ -915,6 +927,10 @@ async fn runtime_lag_is_retried_with_back_off() {
     assert_eq!(
         metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_count"),
         1.0
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_pods_awaiting_runtime"),
+        0.0
     );
     assert!((metric(&t.metrics, "ringlet_pleg_runtime_lag_seconds_sum") - 0.003).abs() < 1e-9);
     assert_eq!(
@@ -1480,6 +1496,58 @@ async fn the_exit_of_another_process_in_the_container_stays_a_hint() {
     assert!(drain(&mut t.events).is_empty());
     assert_eq!(cached_c1(&t).state, ContainerState::Running);
     assert_eq!(metric(&t.metrics, "ringlet_pleg_kernel_exits_total"), 0.0);
+    assert_eq!(t.runtime.take_status_calls().len(), 1);
+    tokio::time::advance(crate::pleg::KERNEL_EXIT_GRACE * 2).await;
+    settle().await;
+    assert!(
+        t.runtime.take_status_calls().is_empty(),
+        "a running container whose init did not exit is no runtime lag: nothing to read again"
+    );
+    assert_eq!(t.runtime.take_list_calls(), 0, "nor to relist everything");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_exit_of_a_process_before_a_sandboxs_init_is_no_runtime_lag() {
+    let runtime = FakeRuntime::default();
+    runtime
+        .sandbox_init_pids
+        .lock()
+        .unwrap()
+        .insert(SandboxId::new("sb-p".to_owned()), 50);
+    let mut t = start_ebpf_with(runtime, running_p(), None).await;
+    assert_eq!(
+        *t.runtime.sandbox_init_pid_calls.lock().unwrap(),
+        vec![SandboxId::new("sb-p".to_owned())],
+        "a ready sandbox's init is read as a running container's is"
+    );
+    // runc's process, the first to exec in the sandbox's new cgroup, exits before the pause does.
+    let mut early = died("p", "sb-p");
+    if let Hint::Pod(hint) = &mut early {
+        hint.tgid = Some(49);
+    }
+    t.hints.send(early).await.unwrap();
+    settle().await;
+    assert!(drain(&mut t.events).is_empty());
+    assert_eq!(t.runtime.take_status_calls().len(), 1);
+    tokio::time::advance(crate::pleg::KERNEL_EXIT_GRACE * 2).await;
+    settle().await;
+    assert!(t.runtime.take_status_calls().is_empty());
+    assert_eq!(t.runtime.take_list_calls(), 0);
+
+    // The pause itself is the sandbox's death: the runtime's lag is waited for.
+    let mut pause = died("p", "sb-p");
+    if let Hint::Pod(hint) = &mut pause {
+        hint.tgid = Some(50);
+    }
+    t.hints.send(pause).await.unwrap();
+    settle().await;
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(
+        t.runtime.take_status_calls().len(),
+        2,
+        "read, then read again while the runtime still shows the sandbox ready"
+    );
 }
 
 #[tokio::test(start_paused = true)]
