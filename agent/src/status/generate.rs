@@ -463,11 +463,11 @@ fn convert(status: &ContainerStatus) -> ApiContainerStatus {
 }
 
 /// An init container with `restartPolicy: Always` keeps running beside the app containers.
-fn is_sidecar(container: &Container) -> bool {
+pub(super) fn is_sidecar(container: &Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
 }
 
-fn terminated(state: Option<&ApiContainerState>) -> Option<&ContainerStateTerminated> {
+pub(super) fn terminated(state: Option<&ApiContainerState>) -> Option<&ContainerStateTerminated> {
     state.and_then(|s| s.terminated.as_ref())
 }
 

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus as ApiPodStatus,
 };
 
-use super::generate::{FAILED, SUCCEEDED};
+use super::generate::{FAILED, SUCCEEDED, is_sidecar, terminated};
 use crate::podconfig::is_static_pod;
 
 /// The reason of a container status the runtime could not give (the kubelet's
@@ -69,7 +69,7 @@ fn has_initialized(pod: &Pod, status: &ApiPodStatus) -> bool {
         return false;
     };
     let spec = init_specs.iter().find(|s| s.name == last.name);
-    if spec.is_some_and(|s| s.restart_policy.as_deref() == Some("Always")) {
+    if spec.is_some_and(is_sidecar) {
         let running = last.state.as_ref().is_some_and(|s| s.running.is_some());
         return running && last.started == Some(true);
     }
@@ -91,10 +91,6 @@ fn waiting(container: &ContainerStatus) -> bool {
         .state
         .as_ref()
         .is_some_and(|s| s.waiting.is_some())
-}
-
-fn terminated(state: Option<&ContainerState>) -> Option<&ContainerStateTerminated> {
-    state.and_then(|s| s.terminated.as_ref())
 }
 
 fn terminate_unless_terminated(container: &mut ContainerStatus) {

@@ -1324,10 +1324,15 @@ async fn a_long_safety_period_keeps_an_idle_pleg_healthy() {
 
 /// The kernel's exit of process `tgid` in container `c1` of pod `p` by SIGKILL, 1 ms ago.
 fn killed(tgid: u32) -> Hint {
+    killed_in("c1", tgid)
+}
+
+/// SIGKILL of process `tgid` in container (or sandbox) `container` of pod `p`.
+fn killed_in(container: &str, tgid: u32) -> Hint {
     Hint::Pod(PodHint {
         pod: PodUid::from("p"),
         kind: HintKind::Died,
-        container: Some(ContainerId::from("c1")),
+        container: Some(ContainerId::from(container)),
         tgid: Some(tgid),
         exit_code: Some(0),
         signal: Some(9),
@@ -1521,11 +1526,7 @@ async fn the_exit_of_a_process_before_a_sandboxs_init_is_no_runtime_lag() {
         "a ready sandbox's init is read as a running container's is"
     );
     // runc's process, the first to exec in the sandbox's new cgroup, exits before the pause does.
-    let mut early = died("p", "sb-p");
-    if let Hint::Pod(hint) = &mut early {
-        hint.tgid = Some(49);
-    }
-    t.hints.send(early).await.unwrap();
+    t.hints.send(killed_in("sb-p", 49)).await.unwrap();
     settle().await;
     assert!(drain(&mut t.events).is_empty());
     assert_eq!(t.runtime.take_status_calls().len(), 1);
@@ -1535,11 +1536,7 @@ async fn the_exit_of_a_process_before_a_sandboxs_init_is_no_runtime_lag() {
     assert_eq!(t.runtime.take_list_calls(), 0);
 
     // The pause itself is the sandbox's death: the runtime's lag is waited for.
-    let mut pause = died("p", "sb-p");
-    if let Hint::Pod(hint) = &mut pause {
-        hint.tgid = Some(50);
-    }
-    t.hints.send(pause).await.unwrap();
+    t.hints.send(killed_in("sb-p", 50)).await.unwrap();
     settle().await;
     tokio::time::advance(Duration::from_millis(1)).await;
     settle().await;
