@@ -716,7 +716,8 @@ impl GenericPleg {
             });
         }
 
-        match self.queue.settle(uid, &lagging, Instant::now()) {
+        let confirming = lagging.iter().all(|c| self.kernel_exits.overlays(c));
+        match self.queue.settle(uid, &lagging, confirming, Instant::now()) {
             Settled::Done { lag: Some(lag) } => self.metrics.observe_runtime_lag(lag),
             Settled::Done { lag: None } | Settled::Retrying => {}
             Settled::GaveUp { waited } => {

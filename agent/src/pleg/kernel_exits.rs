@@ -108,6 +108,11 @@ impl KernelExits {
         self.exits.len()
     }
 
+    /// Whether the kernel's exit of `container` is published and waits for the runtime's report.
+    pub(super) fn overlays(&self, container: &ContainerId) -> bool {
+        self.exits.contains_key(container)
+    }
+
     /// Whether an overlay waits on a read of `pod`.
     pub(super) fn covers(&self, pod: &PodUid) -> bool {
         self.exits.values().any(|exit| &exit.pod == pod)

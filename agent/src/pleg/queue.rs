@@ -19,8 +19,21 @@ use crate::container::{ContainerId, PodUid};
 /// has lagged [`KERNEL_EXIT_GRACE`]: as long as a kernel-published exit may overlay it.
 const LAG_RETRY_DOUBLINGS: u32 = 7;
 
-fn lag_retry_delay(attempt: u32) -> Duration {
-    Duration::from_millis(1 << attempt.min(LAG_RETRY_DOUBLINGS))
+/// Doublings a pod skips while all it waits for is the runtime's confirmation of exits the kernel
+/// already published: its retries start at 16 ms. The pod already shows those exits, and containerd
+/// records an exit 40–160 ms after the kernel, so reads in the first milliseconds find nothing and
+/// only compete for the CPU with the shim's exit handling and with the pod's readers.
+const CONFIRMATION_SKIPPED_DOUBLINGS: u32 = 4;
+
+/// The wait before lag retry `attempt`; `confirming`: the pod waits only for the runtime to confirm
+/// exits the kernel published.
+fn lag_retry_delay(attempt: u32, confirming: bool) -> Duration {
+    let skipped = if confirming {
+        CONFIRMATION_SKIPPED_DOUBLINGS
+    } else {
+        0
+    };
+    Duration::from_millis(1 << (attempt + skipped).min(LAG_RETRY_DOUBLINGS))
 }
 
 /// A pod whose runtime lags behind a kernel-reported start or exit.
@@ -31,6 +44,8 @@ struct Retry {
     due: Instant,
     /// When a read first still missed the reported change.
     since: Instant,
+    /// Whether all the pod waits for is the runtime's confirmation of exits the kernel published.
+    confirming: bool,
 }
 
 #[derive(Debug, Default)]
@@ -197,12 +212,14 @@ impl HintQueue {
     }
 
     /// After a targeted relist of `pod` read at `now`: `lagging` are the containers whose reported
-    /// start or exit the runtime does not show yet. Clears what the read settled and schedules or
-    /// advances the lag back-off.
+    /// start or exit the runtime does not show yet; `confirming`, when those are all exits the
+    /// kernel already published. Clears what the read settled and schedules or advances the lag
+    /// back-off.
     pub(super) fn settle(
         &mut self,
         pod: &PodUid,
         lagging: &[ContainerId],
+        confirming: bool,
         now: Instant,
     ) -> Settled {
         let Some(entry) = self.pods.get_mut(pod) else {
@@ -226,9 +243,17 @@ impl HintQueue {
             None => {
                 entry.retry = Some(Retry {
                     attempt: 0,
-                    due: now + lag_retry_delay(0),
+                    due: now + lag_retry_delay(0, confirming),
                     since: now,
+                    confirming,
                 });
+            }
+            // A lag the kernel did not publish (a start, say) is not left to the confirmations'
+            // slower schedule: the back-off starts over.
+            Some(retry) if retry.confirming && !confirming => {
+                retry.attempt = 0;
+                retry.due = now + lag_retry_delay(0, false);
+                retry.confirming = false;
             }
             // This read was the retry itself (a hint may also have moved a read earlier, which does
             // not count as an attempt).
@@ -239,7 +264,8 @@ impl HintQueue {
                     self.pods.remove(pod);
                     return Settled::GaveUp { waited };
                 }
-                retry.due = now + lag_retry_delay(retry.attempt);
+                retry.due = now + lag_retry_delay(retry.attempt, confirming);
+                retry.confirming = confirming;
             }
             Some(_) => {}
         }
@@ -340,7 +366,7 @@ mod tests {
         let mut now = Instant::now();
         assert_eq!(q.pop_ready(), Some(p.clone()));
         assert_eq!(
-            q.settle(&p, std::slice::from_ref(&c), now),
+            q.settle(&p, std::slice::from_ref(&c), false, now),
             Settled::Retrying
         );
         let mut waits = Vec::new();
@@ -350,7 +376,7 @@ mod tests {
             now = due;
             q.queue_due_retries(now);
             assert_eq!(q.pop_ready(), Some(p.clone()));
-            match q.settle(&p, std::slice::from_ref(&c), now) {
+            match q.settle(&p, std::slice::from_ref(&c), false, now) {
                 Settled::Retrying => {}
                 Settled::GaveUp { waited } => {
                     assert!(waited >= KERNEL_EXIT_GRACE);
@@ -370,6 +396,38 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_awaiting_only_confirmations_is_retried_from_16_ms() {
+        let mut q = HintQueue::default();
+        let p = PodUid::from("p");
+        let c = ContainerId::from("c");
+        q.push(hint("p", HintKind::Died, Some("c"), 1));
+        let mut now = Instant::now();
+        q.pop_ready();
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            assert_eq!(
+                q.settle(&p, std::slice::from_ref(&c), true, now),
+                Settled::Retrying
+            );
+            let due = q.next_retry().unwrap();
+            waits.push((due - now).as_millis());
+            now = due;
+            q.queue_due_retries(now);
+            q.pop_ready();
+        }
+        assert_eq!(waits, [16, 32, 64, 128, 128]);
+        assert_eq!(
+            q.settle(&p, std::slice::from_ref(&c), false, now),
+            Settled::Retrying
+        );
+        assert_eq!(
+            q.next_retry().unwrap() - now,
+            Duration::from_millis(1),
+            "a lag the kernel did not publish starts the back-off over"
+        );
+    }
+
+    #[test]
     fn lag_resolves_with_its_duration() {
         let mut q = HintQueue::default();
         let p = PodUid::from("p");
@@ -377,12 +435,12 @@ mod tests {
         q.push(hint("p", HintKind::Died, Some("c"), 1));
         let start = Instant::now();
         q.pop_ready();
-        q.settle(&p, std::slice::from_ref(&c), start);
+        q.settle(&p, std::slice::from_ref(&c), false, start);
         let due = q.next_retry().unwrap();
         q.queue_due_retries(due);
         q.pop_ready();
         assert_eq!(
-            q.settle(&p, &[], due),
+            q.settle(&p, &[], false, due),
             Settled::Done {
                 lag: Some(Duration::from_millis(1))
             }
@@ -409,7 +467,7 @@ mod tests {
         assert_eq!(q.exited_tgids(&p, &second), [20]);
         q.pop_ready();
         assert_eq!(
-            q.settle(&p, std::slice::from_ref(&second), Instant::now()),
+            q.settle(&p, std::slice::from_ref(&second), false, Instant::now()),
             Settled::Retrying
         );
         assert!(q.exited_tgids(&p, &first).is_empty(), "c settled");

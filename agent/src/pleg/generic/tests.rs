@@ -1448,6 +1448,38 @@ async fn a_proven_init_exit_is_published_before_the_runtime_reports_it() {
     assert_eq!(t.runtime.take_list_calls(), 0);
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_runtimes_confirmation_of_a_published_exit_is_awaited_from_16_ms() {
+    let mut t = start_with_init_42().await;
+    t.hints.send(killed(42)).await.unwrap();
+    settle().await;
+    assert_eq!(drain(&mut t.events), vec![event("p", ContainerDied, "c1")]);
+    assert_eq!(
+        t.runtime.take_status_calls().len(),
+        1,
+        "the hint's own read"
+    );
+
+    let mut reads_at = Vec::new();
+    for ms in 1..=120 {
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        if !t.runtime.take_status_calls().is_empty() {
+            reads_at.push(ms);
+        }
+    }
+    assert_eq!(
+        reads_at,
+        [16, 48, 112],
+        "waits of 16, 32 and 64 ms: the pod shows the exit already"
+    );
+    assert_eq!(
+        metric(&t.metrics, "ringlet_pleg_pods_awaiting_runtime"),
+        1.0
+    );
+    assert_eq!(t.runtime.take_list_calls(), 0);
+}
+
 /// A proven exit that arrives while a relist waits for the runtime is published at once: the relist
 /// (targeted here, started by another process's exit) does not hold the kernel's hints back.
 #[tokio::test(start_paused = true)]
