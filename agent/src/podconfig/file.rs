@@ -40,6 +40,9 @@ pub(super) struct FileSource {
     missing_logged: bool,
     /// The files of the previous scan.
     cache: HashMap<PathBuf, ParsedFile>,
+    /// The files and their digests behind the last set a scan returned: a rescan that finds the
+    /// same returns no set, so the periodic safety net costs no copy and no merge of every pod.
+    returned: Option<Vec<(PathBuf, String)>>,
 }
 
 impl FileSource {
@@ -50,6 +53,7 @@ impl FileSource {
             reporter: Reporter::new(recorder),
             missing_logged: false,
             cache: HashMap::new(),
+            returned: None,
         }
     }
 
@@ -101,8 +105,9 @@ impl FileSource {
         }
     }
 
-    /// The pods the manifests describe now, or `None` when the path cannot be read at all (then the
-    /// previous set stays). A missing path is an empty set, so the source still becomes ready.
+    /// The pods the manifests describe now, or `None` when the path cannot be read at all or no
+    /// file changed since the last set (then the previous set stays). A missing path is an empty
+    /// set, so the source still becomes ready.
     pub(super) fn scan(&mut self) -> Option<Vec<Pod>> {
         let metadata = match std::fs::metadata(&self.path) {
             Ok(metadata) => metadata,
@@ -112,7 +117,7 @@ impl FileSource {
                     self.missing_logged = true;
                 }
                 self.reporter.finish_scan(Vec::new());
-                return Some(Vec::new());
+                return self.changed(Vec::new()).then(Vec::new);
             }
             Err(source) => {
                 let err = PodConfigError::ReadManifest {
@@ -140,17 +145,39 @@ impl FileSource {
         };
 
         let mut previous = std::mem::take(&mut self.cache);
+        for file in &files {
+            let parsed = self.read_file(file, &mut previous);
+            self.cache.insert(file.clone(), parsed);
+        }
+        let listing = self
+            .cache
+            .iter()
+            .map(|(file, parsed)| (file.clone(), parsed.digest.clone()))
+            .collect();
+        if !self.changed(listing) {
+            return None;
+        }
         let mut problems = Vec::new();
         let mut pods = Vec::new();
-        for file in files {
-            let parsed = self.read_file(&file, &mut previous);
-            pods.extend(parsed.pods.iter().map(|pod| (object(&file), pod.clone())));
+        for file in &files {
+            let parsed = &self.cache[file];
+            pods.extend(parsed.pods.iter().map(|pod| (object(file), pod.clone())));
             problems.extend(parsed.problems.iter().cloned());
-            self.cache.insert(file, parsed);
         }
         let pods = drop_duplicates(pods, &mut problems);
         self.reporter.finish_scan(problems);
         Some(pods)
+    }
+
+    /// Whether `listing` (files and digests) differs from the one behind the last set returned;
+    /// remembers it.
+    fn changed(&mut self, mut listing: Vec<(PathBuf, String)>) -> bool {
+        listing.sort_unstable();
+        if self.returned.as_ref() == Some(&listing) {
+            return false;
+        }
+        self.returned = Some(listing);
+        true
     }
 
     /// Reads one manifest; content seen in the previous scan is not decoded again, which keeps a
@@ -441,12 +468,8 @@ mod tests {
             events[0].message
         );
 
-        // Rescanning the same broken content does not repeat the event.
-        assert!(
-            storage
-                .merge(PodSource::File, source.scan().unwrap())
-                .is_empty()
-        );
+        // Rescanning the same broken content returns no set and does not repeat the event.
+        assert_eq!(source.scan(), None);
         assert_eq!(recorder.recent().len(), 1);
 
         // Editing it into another broken state is a new problem.
@@ -555,12 +578,8 @@ mod tests {
         let added = storage.merge(PodSource::File, source.scan().unwrap());
         let first_uid = added[0].pods[0].metadata.uid.clone();
 
-        // Unchanged content keeps the UID: nothing to do.
-        assert!(
-            storage
-                .merge(PodSource::File, source.scan().unwrap())
-                .is_empty()
-        );
+        // Unchanged content is no new set.
+        assert_eq!(source.scan(), None);
 
         std::fs::write(&file, manifest("web", "nginx:2")).unwrap();
         let updates = storage.merge(PodSource::File, source.scan().unwrap());
@@ -581,6 +600,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut source, recorder) = source(&dir.path().join("nope"));
         assert_eq!(source.scan(), Some(Vec::new()));
+        assert_eq!(source.scan(), None, "still missing: no new set");
         assert!(recorder.recent().is_empty());
     }
 
