@@ -671,15 +671,7 @@ impl GenericPleg {
 
         // What the runtime itself reports decides whether it lags; what the pod shows includes the
         // kernel's exits it has not reported yet.
-        let seen = states(Some(&status.to_running_pod()));
-        let lagging: Vec<ContainerId> = self
-            .queue
-            .expected_changes(uid)
-            .into_iter()
-            .filter(|(kind, c)| runtime_lags(*kind, seen.get(c).copied()))
-            .filter(|(kind, c)| !self.exits_were_not_the_init(uid, *kind, c))
-            .map(|(_, c)| c)
-            .collect();
+        let lagging = self.lagging_facts(uid, &status);
         self.overlay_kernel_exits(&mut status, start);
         let current = status.to_running_pod();
         let current =
@@ -716,7 +708,8 @@ impl GenericPleg {
             });
         }
 
-        let confirming = lagging.iter().all(|c| self.kernel_exits.overlays(c));
+        let confirming = self.only_confirmations(&lagging);
+        let lagging: Vec<ContainerId> = lagging.into_iter().map(|(_, c)| c).collect();
         match self.queue.settle(uid, &lagging, confirming, Instant::now()) {
             Settled::Done { lag: Some(lag) } => self.metrics.observe_runtime_lag(lag),
             Settled::Done { lag: None } | Settled::Retrying => {}
@@ -736,6 +729,26 @@ impl GenericPleg {
         if let Some(pod) = self.records.get(uid).and_then(|r| r.old.as_ref()) {
             self.learn_inits([pod]);
         }
+    }
+
+    /// The hinted starts and exits of `uid` that the runtime's `status` (before any kernel overlay)
+    /// does not show yet.
+    fn lagging_facts(&self, uid: &PodUid, status: &PodStatus) -> Vec<(HintKind, ContainerId)> {
+        let seen = states(Some(&status.to_running_pod()));
+        self.queue
+            .expected_changes(uid)
+            .into_iter()
+            .filter(|(kind, c)| runtime_lags(*kind, seen.get(c).copied()))
+            .filter(|(kind, c)| !self.exits_were_not_the_init(uid, *kind, c))
+            .collect()
+    }
+
+    /// Whether all `lagging` stands for is the runtime's confirmation of exits the kernel
+    /// published and still overlays.
+    fn only_confirmations(&self, lagging: &[(HintKind, ContainerId)]) -> bool {
+        lagging
+            .iter()
+            .all(|(kind, c)| *kind == HintKind::Died && self.kernel_exits.overlays(c))
     }
 
     /// Diffs one pod's record; when anything changed (or `force`), reads the pod's status into the

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use super::{HintKind, KERNEL_EXIT_GRACE, PodHint, PodLifecycleEventKind};
 use crate::container::{ContainerId, PodUid};
 
-/// Lag retries after the first read wait 1, 2, 4, … 128 ms, then 128 ms each, until the runtime
+/// Lag retries after the first read wait 1, 2, 4, … 128 ms (from 16 ms while the pod only waits
+/// for confirmations, see [`CONFIRMATION_SKIPPED_DOUBLINGS`]), then 128 ms each, until the runtime
 /// has lagged [`KERNEL_EXIT_GRACE`]: as long as a kernel-published exit may overlay it.
 const LAG_RETRY_DOUBLINGS: u32 = 7;
 
@@ -39,7 +40,7 @@ fn lag_retry_delay(attempt: u32, confirming: bool) -> Duration {
 /// A pod whose runtime lags behind a kernel-reported start or exit.
 #[derive(Debug)]
 struct Retry {
-    /// Retries done so far.
+    /// Retries done since the back-off last started.
     attempt: u32,
     due: Instant,
     /// When a read first still missed the reported change.
@@ -248,22 +249,21 @@ impl HintQueue {
                     confirming,
                 });
             }
-            // A lag the kernel did not publish (a start, say) is not left to the confirmations'
-            // slower schedule: the back-off starts over.
-            Some(retry) if retry.confirming && !confirming => {
-                retry.attempt = 0;
-                retry.due = now + lag_retry_delay(0, false);
-                retry.confirming = false;
-            }
             // This read was the retry itself (a hint may also have moved a read earlier, which does
-            // not count as an attempt).
-            Some(retry) if retry.due <= now => {
-                retry.attempt += 1;
+            // not count as an attempt), or the pod now waits for more than confirmations: a lag the
+            // kernel did not publish (a start, say) is not left to their slower schedule, the
+            // back-off starts over.
+            Some(retry) if retry.due <= now || (retry.confirming && !confirming) => {
                 if now - retry.since >= KERNEL_EXIT_GRACE {
                     let waited = now - retry.since;
                     self.pods.remove(pod);
                     return Settled::GaveUp { waited };
                 }
+                retry.attempt = if retry.confirming && !confirming {
+                    0
+                } else {
+                    retry.attempt + 1
+                };
                 retry.due = now + lag_retry_delay(retry.attempt, confirming);
                 retry.confirming = confirming;
             }

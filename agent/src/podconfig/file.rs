@@ -126,6 +126,9 @@ impl FileSource {
                 };
                 self.reporter
                     .finish_scan(vec![file_problem(&self.path, &err, "")]);
+                // The reporter saw this failure instead of the last set's problems: the next scan
+                // that reads the files returns its set and reports them again.
+                self.returned = None;
                 return None;
             }
         };
@@ -137,6 +140,7 @@ impl FileSource {
                 Err(err) => {
                     self.reporter
                         .finish_scan(vec![file_problem(&self.path, &err, "")]);
+                    self.returned = None;
                     return None;
                 }
             }
@@ -191,9 +195,12 @@ impl FileSource {
             {
                 return ParsedFile::default();
             }
+            // The error stands in for the digest, so another failure is another listing.
             Err(err) => {
+                let problem = file_problem(file, &err, "");
                 return ParsedFile {
-                    problems: vec![file_problem(file, &err, "")],
+                    digest: format!("unreadable: {}", problem.message),
+                    problems: vec![problem],
                     ..ParsedFile::default()
                 };
             }
@@ -260,6 +267,7 @@ fn read_capped(file: &Path) -> Result<Vec<u8>, PodConfigError> {
 /// What one manifest file held the last time it was read.
 #[derive(Clone, Debug, Default)]
 struct ParsedFile {
+    /// The content's SHA-256, or the read error of a file that could not be read.
     digest: String,
     pods: Vec<Pod>,
     problems: Vec<Problem>,
@@ -528,6 +536,42 @@ mod tests {
         assert!(
             message.starts_with(&format!("{}: manifest is 1073741824 bytes", big.display())),
             "{message}"
+        );
+        assert_eq!(source.scan(), None, "the same failure is no new set");
+
+        file.set_len(1 << 31).unwrap();
+        assert_eq!(
+            source.scan().map(|pods| names(&pods).join(",")),
+            Some("a-node1".to_owned()),
+            "another failure is another set"
+        );
+        let events = recorder.recent();
+        assert_eq!(events.len(), 2, "and it is reported");
+        assert!(events[1].message.contains("2147483648 bytes"), "{events:?}");
+    }
+
+    #[test]
+    fn after_the_path_could_not_be_read_the_same_manifests_are_a_set_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (parent, saved) = (dir.path().join("etc"), dir.path().join("etc.saved"));
+        let manifests = parent.join("manifests");
+        std::fs::create_dir_all(&manifests).unwrap();
+        std::fs::write(manifests.join("a.yaml"), manifest("a", "i")).unwrap();
+        let (mut source, recorder) = source(&manifests);
+        assert_eq!(names(&source.scan().unwrap()), ["a-node1"]);
+
+        // A regular file where the parent directory was: the path cannot be looked up (ENOTDIR).
+        std::fs::rename(&parent, &saved).unwrap();
+        std::fs::write(&parent, "").unwrap();
+        assert_eq!(source.scan(), None);
+        assert_eq!(recorder.recent().len(), 1, "the failure is reported");
+
+        std::fs::remove_file(&parent).unwrap();
+        std::fs::rename(&saved, &parent).unwrap();
+        assert_eq!(
+            source.scan().map(|pods| names(&pods).join(",")),
+            Some("a-node1".to_owned()),
+            "the set goes out again, and with it the scan's problems to the reporter"
         );
     }
 
