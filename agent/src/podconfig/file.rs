@@ -571,7 +571,7 @@ mod tests {
         assert_eq!(
             source.scan().map(|pods| names(&pods).join(",")),
             Some("a-node1".to_owned()),
-            "the set goes out again, and with it the scan's problems to the reporter"
+            "the same manifests are a set again"
         );
     }
 
