@@ -148,15 +148,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         .unzip();
     let broadcaster = EventBroadcaster::default();
     let kubelet = Kubelet::new(
-        KubeletSettings {
-            node: node_status_settings(&config),
-            root_dir: config.root_dir.clone(),
-            sync_frequency: kc.sync_frequency,
-            max_dead_containers_per_container: config
-                .max_dead_containers_per_container
-                .unwrap_or(usize::MAX),
-            pleg_relist_period: kc.pleg_relist_period,
-        },
+        kubelet_settings(&config),
         KubeletDeps {
             runtime,
             pod_cgroups: Arc::clone(&pod_cgroups),
@@ -304,6 +296,20 @@ async fn connect_with_kubeconfig(
     ApiClient::from_kubeconfig(kubeconfig, options)
         .await
         .map_err(|err| anyhow::anyhow!("cannot use --kubeconfig: {}", error_chain(&err)))
+}
+
+/// What the kubelet core takes from the configuration.
+fn kubelet_settings(config: &AgentConfig) -> KubeletSettings {
+    KubeletSettings {
+        node: node_status_settings(config),
+        root_dir: config.root_dir.clone(),
+        sync_frequency: config.kubelet.sync_frequency,
+        max_dead_containers_per_container: config
+            .max_dead_containers_per_container
+            .unwrap_or(usize::MAX),
+        pleg_relist_period: config.kubelet.pleg_relist_period,
+        housekeeping_period: ringlet::kubelet::HOUSEKEEPING_PERIOD,
+    }
 }
 
 /// The node as the status manager reports it: name, addresses, labels, taints, capacity settings.

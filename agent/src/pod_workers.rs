@@ -201,6 +201,8 @@ struct Shared {
     /// Notified when a pod finishes terminating (cleaned up): the status syncer may delete it from
     /// the API server now.
     finished: Arc<Notify>,
+    /// Notified at the same moment, for the sync loop: the pod's containers can be removed now.
+    terminated: Arc<Notify>,
 }
 
 /// Cloneable handle to the pod workers.
@@ -242,8 +244,14 @@ impl PodWorkers {
                 backoff_period,
                 panics: TaskPanics::default(),
                 finished,
+                terminated: Arc::new(Notify::new()),
             }),
         }
+    }
+
+    /// Notified whenever a pod finishes terminating (many may wake the waiter once).
+    pub fn terminated(&self) -> Arc<Notify> {
+        Arc::clone(&self.shared.terminated)
     }
 
     /// The panics of the worker tasks: unhealthy for a while after one.
@@ -498,6 +506,7 @@ async fn run_worker(
                     worker.work_requested = true;
                     if next_phase == (WorkerPhase::Terminated { cleaned_up: true }) {
                         shared.finished.notify_one();
+                        shared.terminated.notify_one();
                     }
                 }
                 if next_phase == WorkerPhase::Syncing {
@@ -844,14 +853,19 @@ mod tests {
         relist(&f.workers).await;
         assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
         relist(&f.workers).await;
+        let terminated = f.workers.terminated();
         assert!(
-            f.finished.notified().now_or_never().is_none(),
+            f.finished.notified().now_or_never().is_none()
+                && terminated.notified().now_or_never().is_none(),
             "not finished before the cleanup"
         );
         assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Kept)));
         tokio::time::timeout(Duration::from_secs(1), f.finished.notified())
             .await
             .expect("the cleaned-up pod is announced as finished");
+        tokio::time::timeout(Duration::from_secs(1), terminated.notified())
+            .await
+            .expect("the cleaned-up pod is announced to the sync loop too");
         let wanted: HashSet<PodUid> = [PodUid::from("uid-1")].into();
         assert!(f.workers.forget_finished(&wanted).is_empty());
         assert!(!f.workers.is_pod_active(&PodUid::from("uid-1")));

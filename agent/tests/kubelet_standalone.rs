@@ -22,7 +22,8 @@ use ringlet::event_stream::EventBroadcaster;
 use ringlet::events::Recorder;
 use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
-    ApiParts, Kubelet, KubeletDeps, KubeletSettings, NodeHelper, NodeStatusSettings, ProbeDeps,
+    ApiParts, HOUSEKEEPING_PERIOD, Kubelet, KubeletDeps, KubeletSettings, NodeHelper,
+    NodeStatusSettings, ProbeDeps,
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::metrics::Metrics;
@@ -75,11 +76,16 @@ impl Drop for Agent {
 impl Agent {
     /// Builds the core as `main` does and runs it. `before_run` sees the fake before the sync loop
     /// starts (e.g. to take the runtime down).
+    fn start(before_run: impl FnOnce(&FakeCri)) -> Self {
+        Self::start_with(HOUSEKEEPING_PERIOD, before_run)
+    }
+
+    /// [`Agent::start`] with housekeeping ticking every `housekeeping_period`.
     #[allow(
         clippy::too_many_lines,
         reason = "the agent's whole assembly, step by step"
     )]
-    fn start(before_run: impl FnOnce(&FakeCri)) -> Self {
+    fn start_with(housekeeping_period: Duration, before_run: impl FnOnce(&FakeCri)) -> Self {
         let fake = FakeCri::start();
         fake.add_image("busybox");
         let root = tempfile::tempdir()
@@ -147,6 +153,7 @@ impl Agent {
                 sync_frequency: Duration::from_secs(10),
                 max_dead_containers_per_container: 1,
                 pleg_relist_period: Some(Duration::from_millis(100)),
+                housekeeping_period,
             },
             KubeletDeps {
                 runtime,
@@ -361,6 +368,21 @@ async fn a_manifest_becomes_a_running_pod_and_its_removal_cleans_up() {
         "the pod was stopped before it was removed: {:?}",
         agent.fake.calls()
     );
+}
+
+/// The removed pod's containers and sandbox are removed when it finishes terminating: with the
+/// housekeeping tick an hour away, nothing else would remove them within the test's wait.
+#[tokio::test]
+async fn a_removed_pod_leaves_the_runtime_without_waiting_for_the_housekeeping_tick() {
+    let agent = Agent::start_with(Duration::from_hours(1), |_| {});
+    agent.write_manifest();
+    agent.wait_running().await;
+
+    std::fs::remove_file(agent.manifest()).unwrap_or_else(|e| panic!("removing the manifest: {e}"));
+    wait_for("the runtime to be empty", || {
+        (agent.fake.sandboxes().is_empty() && agent.fake.containers().is_empty()).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -7,6 +7,8 @@
 //! mode the kernel reports every death, so an idle node lists nothing but its pod directories).
 //! That cleanup runs as a task of its own (the kubelet runs container GC in its own goroutine), one
 //! round at a time, and its cgroup work on the blocking pool: the sync loop never waits for it.
+//! Besides its 2 s tick, the sync loop runs housekeeping when a pod finishes terminating and when a
+//! round ends with another one asked for, so a removed pod's containers go as soon as it stopped.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -66,6 +68,23 @@ impl Housekeeping {
     /// Asks for container GC at the next housekeeping round (a container died, a pod went away).
     pub fn request_gc(&mut self) {
         self.gc_requested = true;
+    }
+
+    /// Whether a cleanup was asked for that has not started yet.
+    pub fn gc_pending(&self) -> bool {
+        self.gc_requested
+    }
+
+    /// Resolves when the cleanup round in progress ends (never while none runs), so the sync loop
+    /// can start the next one at once instead of at the next tick.
+    pub async fn cleanup_finished(&mut self) {
+        let Some(round) = &mut self.cleanup else {
+            return std::future::pending().await;
+        };
+        if let Err(err) = round.await {
+            tracing::warn!(%err, "a cleanup round did not finish");
+        }
+        self.cleanup = None;
     }
 
     pub async fn run(

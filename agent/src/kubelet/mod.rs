@@ -61,8 +61,8 @@ use sync_pod::KubeletSyncer;
 
 /// How often the sync loop looks for pods due for a resync.
 const SYNC_TICK: Duration = Duration::from_secs(1);
-/// How often housekeeping runs once every source is ready.
-const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+/// How often housekeeping runs once every source is ready (the kubelet's 2 s).
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
 /// Longest wait between sync-loop attempts while the runtime is down.
 const MAX_RUNTIME_DOWN_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -77,6 +77,9 @@ pub struct KubeletSettings {
     /// The PLEG's full-relist period (`plegRelistPeriod`, a ringlet extension); `None` for the
     /// mode's default: 1 s in relist mode, 60 s (the safety relist) in ebpf mode.
     pub pleg_relist_period: Option<Duration>,
+    /// How often housekeeping runs besides when a pod finishes terminating:
+    /// [`HOUSEKEEPING_PERIOD`] outside tests.
+    pub housekeeping_period: Duration,
 }
 
 /// What the probes work with.
@@ -311,7 +314,8 @@ impl Kubelet {
         });
         let mut sync_tick = tokio::time::interval(SYNC_TICK);
         sync_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut housekeeping_tick = tokio::time::interval(HOUSEKEEPING_PERIOD);
+        let mut housekeeping_tick = tokio::time::interval(self.settings.housekeeping_period);
+        let pods_terminated = self.workers.terminated();
         housekeeping_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut runtime_down_wait = Duration::from_millis(100);
         loop {
@@ -340,16 +344,25 @@ impl Kubelet {
                         }
                     }
                 }
-                _ = housekeeping_tick.tick() => {
-                    if sources_ready.all_ready() {
-                        self.probe_handle.cleanup_pods(&self.pods.uids());
-                        self.housekeeping
-                            .run(&self.pods, &self.workers, &self.status, &self.latency)
-                            .await;
+                _ = housekeeping_tick.tick() => self.housekeep(&sources_ready).await,
+                () = pods_terminated.notified() => self.housekeep(&sources_ready).await,
+                () = self.housekeeping.cleanup_finished() => {
+                    if self.housekeeping.gc_pending() {
+                        self.housekeep(&sources_ready).await;
                     }
                 }
             }
             self.runtime_state.mark_sync_loop_seen();
+        }
+    }
+
+    /// The kubelet's `HandlePodCleanups`, once every source is ready.
+    async fn housekeep(&mut self, sources_ready: &SourcesReady) {
+        if sources_ready.all_ready() {
+            self.probe_handle.cleanup_pods(&self.pods.uids());
+            self.housekeeping
+                .run(&self.pods, &self.workers, &self.status, &self.latency)
+                .await;
         }
     }
 
