@@ -186,6 +186,10 @@ impl PodContainerManager {
             return Ok(());
         }
         let name = self.pod_cgroup_name(uid, qos);
+        // The pod cgroup implies its parents: a running pod's sync checks one path per hierarchy.
+        if self.exists_everywhere(&name.relative_path(self.driver)) {
+            return Ok(());
+        }
         // Level by level, so cgroups-rs initialises every new v1 cpuset parent before its child.
         for depth in 1..=name.components().len() {
             let level = CgroupName::new(name.components()[..depth].to_vec());
