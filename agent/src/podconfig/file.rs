@@ -2,14 +2,16 @@
 //! directory is watched with inotify (through `notify`) so a change is picked up at once, and rescanned
 //! every `--file-check-frequency` as the safety net and to notice a directory that appears later.
 //! Each scan (listing, reading, decoding) runs on a blocking thread, off the agent's core; a file
-//! larger or deeper than a manifest may be is refused by name and the others still run.
+//! larger or deeper than a manifest may be is refused by name and the others still run. A file whose
+//! inode, size and times are as the last scan found them, last changed long enough ago, is not read
+//! again.
 //! Corresponds to the kubelet's `pkg/kubelet/config/file.go` (+ `file_linux.go`).
 
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use notify::event::{AccessKind, AccessMode};
@@ -31,6 +33,11 @@ use crate::events::Recorder;
 /// Editors and `cp` write a file in several steps; waiting this long after the first event lets one
 /// rescan see the finished file instead of every intermediate state.
 const DEBOUNCE: Duration = Duration::from_millis(20);
+
+/// How long ago a file must have last changed for its [`Stamp`] to stand for its content. File
+/// times are coarse on older kernels, so two writes of the same size in quick succession can leave
+/// the same times behind; a file changed this long ago and changed again has a later ctime.
+const STAMP_SETTLED_AFTER: Duration = Duration::from_secs(2);
 
 pub(super) struct FileSource {
     path: PathBuf,
@@ -109,6 +116,11 @@ impl FileSource {
     /// file changed since the last set (then the previous set stays). A missing path is an empty
     /// set, so the source still becomes ready.
     pub(super) fn scan(&mut self) -> Option<Vec<Pod>> {
+        self.scan_at(SystemTime::now())
+    }
+
+    /// [`Self::scan`] as if the clock read `now` (which decides whose stamps are settled).
+    fn scan_at(&mut self, now: SystemTime) -> Option<Vec<Pod>> {
         let metadata = match std::fs::metadata(&self.path) {
             Ok(metadata) => metadata,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
@@ -150,7 +162,7 @@ impl FileSource {
 
         let mut previous = std::mem::take(&mut self.cache);
         for file in &files {
-            let parsed = self.read_file(file, &mut previous);
+            let parsed = self.read_file(file, &mut previous, now);
             self.cache.insert(file.clone(), parsed);
         }
         let listing = self
@@ -184,9 +196,21 @@ impl FileSource {
         true
     }
 
-    /// Reads one manifest; content seen in the previous scan is not decoded again, which keeps a
-    /// rescan of thousands of manifests cheap.
-    fn read_file(&self, file: &Path, cache: &mut HashMap<PathBuf, ParsedFile>) -> ParsedFile {
+    /// Reads one manifest; a file with the settled stamp of the previous scan is not read again and
+    /// content seen in the previous scan is not decoded again, which keeps a rescan of thousands of
+    /// manifests cheap.
+    fn read_file(
+        &self,
+        file: &Path,
+        cache: &mut HashMap<PathBuf, ParsedFile>,
+        now: SystemTime,
+    ) -> ParsedFile {
+        // Taken before the read: a change during the read leaves a later stamp for the next scan.
+        let stamp = Stamp::settled(file, now);
+        let previous = match cache.remove(file) {
+            Some(parsed) if stamp.is_some() && parsed.stamp == stamp => return parsed,
+            other => other,
+        };
         let bytes = match read_capped(file) {
             Ok(bytes) => bytes,
             // Deleted between listing and reading: it is simply gone.
@@ -206,13 +230,14 @@ impl FileSource {
             }
         };
         let digest = format!("{:x}", Sha256::digest(&bytes));
-        if let Some(parsed) = cache.remove(file)
+        if let Some(parsed) = previous
             && parsed.digest == digest
         {
-            return parsed;
+            return ParsedFile { stamp, ..parsed };
         }
         let mut parsed = ParsedFile {
             digest,
+            stamp,
             ..ParsedFile::default()
         };
         let decoded = std::str::from_utf8(&bytes)
@@ -264,11 +289,47 @@ fn read_capped(file: &Path) -> Result<Vec<u8>, PodConfigError> {
     Ok(bytes)
 }
 
+/// What tells that a file changed without reading it: which file it is, its size, and its
+/// modification and status-change times. Any write or rename over it changes the ctime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+}
+
+impl Stamp {
+    /// The stamp of `file` (through symlinks), when its last change is at least
+    /// [`STAMP_SETTLED_AFTER`] before `now`; `None` when it is newer or cannot be read.
+    fn settled(file: &Path, now: SystemTime) -> Option<Self> {
+        let metadata = std::fs::metadata(file).ok()?;
+        let changed_at = SystemTime::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(metadata.ctime()).ok()?,
+                u32::try_from(metadata.ctime_nsec()).ok()?,
+            );
+        if now.duration_since(changed_at).ok()? < STAMP_SETTLED_AFTER {
+            return None;
+        }
+        Some(Self {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            size: metadata.size(),
+            modified: (metadata.mtime(), metadata.mtime_nsec()),
+            changed: (metadata.ctime(), metadata.ctime_nsec()),
+        })
+    }
+}
+
 /// What one manifest file held the last time it was read.
 #[derive(Clone, Debug, Default)]
 struct ParsedFile {
     /// The content's SHA-256, or the read error of a file that could not be read.
     digest: String,
+    /// The file's stamp when it was read, if it had settled by then.
+    stamp: Option<Stamp>,
     pods: Vec<Pod>,
     problems: Vec<Problem>,
 }
@@ -637,6 +698,36 @@ mod tests {
         assert_eq!(updates.len(), 1);
         assert_eq!(updates[0].op, PodOperation::Remove);
         assert_eq!(names(&updates[0].pods), ["web-node1"]);
+    }
+
+    fn image(pods: &[Pod]) -> Option<&str> {
+        pods[0].spec.as_ref()?.containers[0].image.as_deref()
+    }
+
+    #[test]
+    fn a_same_size_edit_of_a_file_read_long_after_its_last_change_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, manifest("web", "nginx:1")).unwrap();
+        let (mut source, _) = source(dir.path());
+        // The scans run as if a minute later: the stamp of the file counts as settled.
+        let later = SystemTime::now() + Duration::from_mins(1);
+        assert_eq!(image(&source.scan_at(later).unwrap()), Some("nginx:1"));
+        assert_eq!(source.scan_at(later), None);
+
+        std::fs::write(&file, manifest("web", "nginx:2")).unwrap();
+        assert_eq!(image(&source.scan_at(later).unwrap()), Some("nginx:2"));
+    }
+
+    #[test]
+    fn a_file_changed_just_now_has_no_stamp_to_trust_yet() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        std::fs::write(&file, manifest("web", "nginx:1")).unwrap();
+        let now = SystemTime::now();
+        assert_eq!(Stamp::settled(&file, now), None);
+        assert!(Stamp::settled(&file, now + STAMP_SETTLED_AFTER).is_some());
+        assert_eq!(Stamp::settled(&dir.path().join("gone.yaml"), now), None);
     }
 
     #[test]
