@@ -1,8 +1,10 @@
 //! The agent's wiring and its sync loop (the kubelet's `pkg/kubelet/kubelet.go`: `Run`, `syncLoop`,
 //! `syncLoopIteration` and the `SyncHandler` methods). The loop multiplexes pod-config updates, PLEG
-//! events, probe verdicts, a 1 s sync tick and a 2 s housekeeping tick, and is gated on runtime
-//! health; all pod work is handed to the pod workers, all probing to the probe workers. With an API server, the node status and lease, the status syncer and
-//! the mirror pods run as tasks of their own, so the API server never holds up the loop.
+//! events, probe verdicts, a 1 s sync tick and housekeeping (every 2 s, when a pod finishes
+//! terminating, and when a cleanup round ends with another asked for), and is gated on runtime
+//! health; all pod work is handed to the pod workers, all probing to the probe workers. With an API
+//! server, the node status and lease, the status syncer and the mirror pods run as tasks of their
+//! own, so the API server never holds up the loop.
 
 mod housekeeping;
 mod node_ip;
@@ -315,8 +317,8 @@ impl Kubelet {
         let mut sync_tick = tokio::time::interval(SYNC_TICK);
         sync_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut housekeeping_tick = tokio::time::interval(self.settings.housekeeping_period);
-        let pods_terminated = self.workers.terminated();
         housekeeping_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let pods_terminated = self.workers.terminated();
         let mut runtime_down_wait = Duration::from_millis(100);
         loop {
             if let Some(err) = self.runtime_state.runtime_error() {
