@@ -2,9 +2,9 @@
 //! orphaned statuses, stop runtime pods no source wants, remove dead containers and sandboxes, and
 //! remove pod cgroups and pod directories (volumes unmounted) nothing uses. Runs only once every
 //! source is ready, so a slow source never gets its pods killed. The running pods come from the
-//! PLEG's view, not from listing the runtime; the cleanup that lists the runtime and walks the pod
-//! cgroups runs when something died or went away, and in relist mode also once a minute (in ebpf
-//! mode the kernel reports every death, so an idle node lists nothing but its pod directories).
+//! PLEG's view, not from listing the runtime; the cleanup that lists the pod directories and the
+//! runtime and walks the pod cgroups runs when something died or went away, and in relist mode also
+//! once a minute (in ebpf mode the kernel reports every death, so an idle node lists nothing).
 //! That cleanup runs as a task of its own (the kubelet runs container GC in its own goroutine), one
 //! round at a time, and its cgroup work on the blocking pool: the sync loop never waits for it.
 //! Besides its 2 s tick, the sync loop runs housekeeping when a pod finishes terminating and when a
@@ -94,22 +94,17 @@ impl Housekeeping {
         status: &StatusManager,
         latency: &LatencyTracker,
     ) {
-        // Listed before the pods wanted are read: a directory that exists now belongs to a pod the
-        // pod manager already knows, unless that pod is gone.
-        let pod_dirs = self.volumes.pod_dirs().await;
         let desired = pods.uids();
         if !workers.forget_finished(&desired).is_empty() {
             // A pod finished terminating: its dead containers and sandbox can go now.
             self.gc_requested = true;
         }
-        let known = workers.known_pods();
-        let keep: HashSet<PodUid> = desired.union(&known).cloned().collect();
+        let keep = wanted_or_known(pods, workers);
         status.remove_orphans(&keep);
         latency.retain(&keep);
 
-        let running = self.pleg.running_pods();
-        for orphan in running.iter().filter(|p| !keep.contains(&p.uid)) {
-            self.kill_orphan(orphan.clone());
+        for orphan in self.pleg.running_pods_except(&keep) {
+            self.kill_orphan(orphan);
         }
         // Decided after the finished workers are forgotten, so a pod that just terminated has its
         // containers removed in this round, not the next.
@@ -129,7 +124,11 @@ impl Housekeeping {
         }
         self.gc_requested = false;
         self.last_gc = Some(Instant::now());
-        let in_runtime: HashSet<PodUid> = running.into_iter().map(|p| p.uid).collect();
+        // Listed before the pods wanted are read again: a directory that exists now belongs to a
+        // pod known by then, unless that pod is gone.
+        let pod_dirs = self.volumes.pod_dirs().await;
+        let keep = wanted_or_known(pods, workers);
+        let in_runtime = self.pleg.running_pod_uids();
         let orphaned_dirs: Vec<PodUid> = pod_dirs
             .into_iter()
             .filter(|uid| !keep.contains(uid) && !in_runtime.contains(uid))
@@ -168,6 +167,13 @@ impl Housekeeping {
                 .remove(&pod.uid);
         });
     }
+}
+
+/// The pods a source wants and the pods whose workers still run: nothing of theirs is cleaned up.
+fn wanted_or_known(pods: &PodManager, workers: &PodWorkers) -> HashSet<PodUid> {
+    let mut keep = pods.uids();
+    keep.extend(workers.known_pods());
+    keep
 }
 
 /// One cleanup: dead containers and sandboxes, then the pod directories and pod cgroups that no

@@ -2,7 +2,7 @@
 //! `GenericPLEG.Healthy`). Any successful relist, full or targeted, counts as activity; in ebpf mode
 //! the safety relist guarantees one per relist period.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -161,9 +161,20 @@ impl PlegHandle {
     }
 
     /// The pods with a ready sandbox or a container that has not exited, as the PLEG last read them
-    /// (what `Runtime::get_pods(false)` would list, without asking the runtime).
-    pub fn running_pods(&self) -> Vec<RunningPod> {
-        self.shared.running().values().cloned().collect()
+    /// (what `Runtime::get_pods(false)` would list, without asking the runtime), except those in
+    /// `wanted`.
+    pub fn running_pods_except(&self, wanted: &HashSet<PodUid>) -> Vec<RunningPod> {
+        self.shared
+            .running()
+            .values()
+            .filter(|pod| !wanted.contains(&pod.uid))
+            .cloned()
+            .collect()
+    }
+
+    /// The UIDs of the pods [`Self::running_pods_except`] lists from.
+    pub fn running_pod_uids(&self) -> HashSet<PodUid> {
+        self.shared.running().keys().cloned().collect()
     }
 
     /// How often the PLEG loop panicked (and was restarted) since the start.
