@@ -82,6 +82,8 @@ pub struct CgroupOwners {
     /// Ids the last prune found no directory for; removed if the next prune does not find one
     /// either.
     missing: HashSet<u64>,
+    /// Whether [`Self::prune_after_losses`] has pruned once.
+    pruned: bool,
     scans: u64,
 }
 
@@ -93,6 +95,7 @@ impl CgroupOwners {
             owners: HashMap::new(),
             unknown: HashSet::new(),
             missing: HashSet::new(),
+            pruned: false,
             scans: 0,
         }
     }
@@ -145,6 +148,18 @@ impl CgroupOwners {
     pub fn scan(&mut self) {
         let found = self.walk();
         self.owners.extend(found);
+    }
+
+    /// [`Self::prune`] when it can forget something: after events were lost since the last prune
+    /// (`events_lost`), while cgroups the last prune found gone wait to be forgotten, and the first
+    /// time (events queued before the reader ran may have lost their removals). Otherwise every
+    /// removal reached the map and the walk is skipped. Returns how many it forgot.
+    pub fn prune_after_losses(&mut self, events_lost: bool) -> usize {
+        if !events_lost && self.missing.is_empty() && self.pruned {
+            return 0;
+        }
+        self.pruned = true;
+        self.prune()
     }
 
     /// Rescans the tree and forgets the cgroups that are gone: those whose rmdir event was lost
@@ -346,6 +361,42 @@ mod tests {
         assert_eq!(owners.resolve(kept_ino), owner(Some(ID), true));
         assert_eq!(owners.resolve(removed_ino), None);
         assert_eq!(owners.resolve(7), None);
+    }
+
+    #[test]
+    fn without_lost_events_only_the_first_prune_walks_the_tree() {
+        let root = tempfile::tempdir().unwrap();
+        let container = root.path().join(format!("pod{UID}")).join(ID);
+        std::fs::create_dir_all(&container).unwrap();
+        let mut owners = CgroupOwners::new(root.path().to_path_buf());
+        owners.scan();
+        // An entry whose rmdir event was lost before the reader ran.
+        owners.insert(9, owner(Some(ID), true).unwrap());
+
+        assert_eq!(
+            owners.prune_after_losses(false),
+            0,
+            "the first prune marks id 9"
+        );
+        assert_eq!(owners.scans(), 2);
+        assert_eq!(
+            owners.prune_after_losses(false),
+            1,
+            "a marked entry is worth another walk"
+        );
+        assert_eq!(owners.scans(), 3);
+        assert_eq!(owners.prune_after_losses(false), 0);
+        assert_eq!(owners.scans(), 3, "nothing lost, nothing marked: no walk");
+
+        std::fs::remove_dir(&container).unwrap();
+        assert_eq!(
+            owners.prune_after_losses(true),
+            0,
+            "lost events: a walk marks"
+        );
+        assert_eq!(owners.scans(), 4);
+        assert_eq!(owners.prune_after_losses(false), 1);
+        assert_eq!(owners.len(), 1, "the pod's cgroup stays");
     }
 
     #[test]

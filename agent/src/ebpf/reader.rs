@@ -33,7 +33,8 @@ use crate::pleg::{Hint, HintKind, HintSourceCheck, PodHint};
 const THREAD_NAME: &str = "ringlet-ebpf-reader";
 
 /// How often at most the cgroup map is pruned of cgroups that are gone. An idle reader is woken at
-/// every full relist (the safety relist, 60 s by default), so that is how often an idle node prunes.
+/// every full relist (the safety relist, 60 s by default), so that is how often an idle node could
+/// prune; it walks the cgroups only when events were lost since (a prune's only work).
 const PRUNE_INTERVAL: Duration = Duration::from_mins(1);
 
 /// The hint one kernel event means, or `None` when it concerns no pod cgroup (or, for cgroup
@@ -170,6 +171,8 @@ struct Running {
     stop: Arc<AtomicBool>,
     room_waker: Waker,
     drops_seen: u64,
+    /// The drop count at the last prune: the cgroup map needs one only after a loss.
+    drops_at_last_prune: u64,
     resync: Option<OwedResync>,
     last_prune: Instant,
 }
@@ -188,6 +191,7 @@ impl Running {
             stop,
             room_waker: Waker::from(Arc::new(RoomWaker(wake))),
             drops_seen,
+            drops_at_last_prune: drops_seen,
             resync: None,
             last_prune: Instant::now(),
         }
@@ -259,7 +263,9 @@ impl Running {
             return;
         }
         self.last_prune = Instant::now();
-        let forgotten = self.reader.owners.prune();
+        let events_lost = self.drops_seen != self.drops_at_last_prune;
+        self.drops_at_last_prune = self.drops_seen;
+        let forgotten = self.reader.owners.prune_after_losses(events_lost);
         if forgotten > 0 {
             tracing::debug!(
                 forgotten,
