@@ -8,7 +8,8 @@
 //! That cleanup runs as a task of its own (the kubelet runs container GC in its own goroutine), one
 //! round at a time, and its cgroup work on the blocking pool: the sync loop never waits for it.
 //! Besides its 2 s tick, the sync loop runs housekeeping when a pod finishes terminating and when a
-//! round ends with another one asked for, so a removed pod's containers go as soon as it stopped.
+//! round ends after a pod finished terminating during it, so a removed pod's containers go as soon
+//! as it stopped; other requests (deaths, config updates) wait for the tick.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -37,6 +38,10 @@ pub struct Housekeeping {
     volumes: VolumeManager,
     max_dead_containers_per_container: usize,
     gc_requested: bool,
+    /// A pod finished terminating while a round ran: the next round starts when that one ends,
+    /// not at the next tick. Other requests wait for the tick, so rounds stay at most one per
+    /// tick however many updates and deaths come.
+    removal_waiting: bool,
     last_gc: Option<Instant>,
     /// Orphaned runtime pods being stopped, so a slow stop is not started twice.
     killing: Arc<Mutex<HashSet<PodUid>>>,
@@ -59,6 +64,7 @@ impl Housekeeping {
             volumes,
             max_dead_containers_per_container,
             gc_requested: true,
+            removal_waiting: false,
             last_gc: None,
             killing: Arc::default(),
             cleanup: None,
@@ -70,9 +76,9 @@ impl Housekeeping {
         self.gc_requested = true;
     }
 
-    /// Whether a cleanup was asked for that has not started yet.
-    pub fn gc_pending(&self) -> bool {
-        self.gc_requested
+    /// Whether a pod finished terminating while the round in progress ran.
+    pub fn removal_waiting(&self) -> bool {
+        self.removal_waiting
     }
 
     /// Resolves when the cleanup round in progress ends (never while none runs), so the sync loop
@@ -95,7 +101,8 @@ impl Housekeeping {
         latency: &LatencyTracker,
     ) {
         let desired = pods.uids();
-        if !workers.forget_finished(&desired).is_empty() {
+        let finished = !workers.forget_finished(&desired).is_empty();
+        if finished {
             // A pod finished terminating: its dead containers and sandbox can go now.
             self.gc_requested = true;
         }
@@ -120,15 +127,22 @@ impl Housekeeping {
         {
             // Asked again while a round runs: the next housekeeping takes it.
             self.gc_requested = true;
+            self.removal_waiting |= finished;
             return;
         }
         self.gc_requested = false;
+        self.removal_waiting = false;
         self.last_gc = Some(Instant::now());
         // Listed before the pods wanted are read again: a directory that exists now belongs to a
         // pod known by then, unless that pod is gone.
         let pod_dirs = self.volumes.pod_dirs().await;
         let keep = wanted_or_known(pods, workers);
         let in_runtime = self.pleg.running_pod_uids();
+        if in_runtime.iter().any(|uid| !keep.contains(uid)) {
+            // A pod nobody wants still runs (being stopped, or the PLEG's view is a relist behind):
+            // a later round removes what it leaves.
+            self.gc_requested = true;
+        }
         let orphaned_dirs: Vec<PodUid> = pod_dirs
             .into_iter()
             .filter(|uid| !keep.contains(uid) && !in_runtime.contains(uid))

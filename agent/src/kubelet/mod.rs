@@ -1,7 +1,7 @@
 //! The agent's wiring and its sync loop (the kubelet's `pkg/kubelet/kubelet.go`: `Run`, `syncLoop`,
 //! `syncLoopIteration` and the `SyncHandler` methods). The loop multiplexes pod-config updates, PLEG
 //! events, probe verdicts, a 1 s sync tick and housekeeping (every 2 s, when a pod finishes
-//! terminating, and when a cleanup round ends with another asked for), and is gated on runtime
+//! terminating, and when a cleanup round ends after one did), and is gated on runtime
 //! health; all pod work is handed to the pod workers, all probing to the probe workers. With an API
 //! server, the node status and lease, the status syncer and the mirror pods run as tasks of their
 //! own, so the API server never holds up the loop.
@@ -349,7 +349,7 @@ impl Kubelet {
                 _ = housekeeping_tick.tick() => self.housekeep(&sources_ready).await,
                 () = pods_terminated.notified() => self.housekeep(&sources_ready).await,
                 () = self.housekeeping.cleanup_finished() => {
-                    if self.housekeeping.gc_pending() {
+                    if self.housekeeping.removal_waiting() {
                         self.housekeep(&sources_ready).await;
                     }
                 }
