@@ -106,7 +106,10 @@ impl Housekeeping {
             // A pod finished terminating: its dead containers and sandbox can go now.
             self.gc_requested = true;
         }
-        let keep = wanted_or_known(pods, workers);
+        // The pod manager and the workers change only on the sync loop, which waits for this call:
+        // `keep` holds until it returns, the pod directories listed below included.
+        let mut keep = desired;
+        keep.extend(workers.known_pods());
         status.remove_orphans(&keep);
         latency.retain(&keep);
 
@@ -133,10 +136,7 @@ impl Housekeeping {
         self.gc_requested = false;
         self.removal_waiting = false;
         self.last_gc = Some(Instant::now());
-        // Listed before the pods wanted are read again: a directory that exists now belongs to a
-        // pod known by then, unless that pod is gone.
         let pod_dirs = self.volumes.pod_dirs().await;
-        let keep = wanted_or_known(pods, workers);
         let in_runtime = self.pleg.running_pod_uids();
         if in_runtime.iter().any(|uid| !keep.contains(uid)) {
             // A pod nobody wants still runs (being stopped, or the PLEG's view is a relist behind):
@@ -181,13 +181,6 @@ impl Housekeeping {
                 .remove(&pod.uid);
         });
     }
-}
-
-/// The pods a source wants and the pods whose workers still run: nothing of theirs is cleaned up.
-fn wanted_or_known(pods: &PodManager, workers: &PodWorkers) -> HashSet<PodUid> {
-    let mut keep = pods.uids();
-    keep.extend(workers.known_pods());
-    keep
 }
 
 /// One cleanup: dead containers and sandboxes, then the pod directories and pod cgroups that no
