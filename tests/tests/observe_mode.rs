@@ -96,11 +96,12 @@ fn observe_mode_measures_the_kubelets_status_lag_as_an_outside_observer_does() -
     let observed = wait_for(
         "observe mode's 20 measurements on its event stream",
         Duration::from_secs(30),
-        || {
-            let lags = watcher.lags().ok()?;
-            (lags.len() >= outside.len()).then_some(lags)
+        || match watcher.lags() {
+            Ok(lags) => (lags.len() >= outside.len()).then_some(Ok(lags)),
+            Err(err) => Some(Err(err)),
         },
     )
+    .and_then(|lags| lags)
     .with_context(|| format!("observe log:\n{}", tail(&observe.log(), 40)))?;
     let metrics = observe.metrics()?;
     let before_stop = snapshot(&kubelet)?;
@@ -635,24 +636,40 @@ struct EventWatcher {
 }
 
 impl EventWatcher {
+    /// Starts `ringlet events` and returns once it says it is watching, so no later event is
+    /// missed. Its stderr goes on to the test's.
     fn start(socket: &Path) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let output = dir.path().join("events.jsonl");
-        let child = Command::new(ringlet_binary()?)
+        let mut child = Command::new(ringlet_binary()?)
             .arg("events")
             .arg("--socket")
             .arg(socket)
             .args(["-o", "json"])
             .stdin(Stdio::null())
             .stdout(fs::File::create(&output)?)
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .context("starting ringlet events")?;
-        Ok(Self {
+        let stderr = child.stderr.take().context("no stderr")?;
+        let watcher = Self {
             child,
             output,
             _dir: dir,
-        })
+        };
+        let (watching, started) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                if line.starts_with("ringlet events: watching ") {
+                    let _ = watching.send(());
+                }
+            }
+        });
+        started
+            .recv_timeout(Duration::from_secs(30))
+            .context("ringlet events did not say it is watching")?;
+        Ok(watcher)
     }
 
     /// Observe mode's measurements so far: container id → lag. Each must follow a

@@ -336,6 +336,8 @@ pub(crate) async fn print_events(
         output,
     } = args;
     let mut watch = watch_events(&socket, namespace.as_deref(), pod.as_deref()).await?;
+    // From here on no event is missed: a script can wait for this line before it acts.
+    eprintln!("ringlet events: watching {}", socket.display());
     while let Some(item) = watch.next().await? {
         let line = match output {
             OutputFormat::Text => format_text(&item),
