@@ -4,6 +4,12 @@
 //! settles the exits those pods report ([`reports_exit`]: the pure part), observes their lag, drops
 //! the exits whose pod left the source unreported (a removed pod's containers) and gives up on
 //! exits older than the bound.
+//!
+//! A polled source brackets the moment of the report: it came after the start of the last read
+//! that did not show it and before the answer of the first that did. The lag is the middle of that
+//! bracket, off by at most half its width (logged as `error_bound_us`), so a poller that was late
+//! to run (a busy node) widens the bracket instead of adding its delay to the lag. A pushed source
+//! (a watch) counts to the event's arrival.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -136,6 +142,40 @@ pub enum Listing {
     Partial,
 }
 
+/// When (`CLOCK_MONOTONIC` ns) a source's report of an exit appeared: after `after_ns`, at or
+/// before `by_ns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ReportBracket {
+    after_ns: u64,
+    by_ns: u64,
+}
+
+impl ReportBracket {
+    /// From the kernel's timestamp to the middle of the bracket.
+    fn lag(self, kernel_time_ns: u64) -> Duration {
+        let middle = self.after_ns + (self.by_ns.saturating_sub(self.after_ns)) / 2;
+        Duration::from_nanos(middle.saturating_sub(kernel_time_ns))
+    }
+
+    /// How far the lag may be off: half the bracket.
+    fn error_bound(self) -> Duration {
+        Duration::from_nanos(self.by_ns.saturating_sub(self.after_ns) / 2)
+    }
+}
+
+/// The bracket of a report seen at `seen_at_ns` in `listing`: a poll's answer (complete listing)
+/// brackets it from the last read that did not show it; a pushed one is its arrival.
+fn report_bracket(waiting: &Waiting, listing: Listing, seen_at_ns: u64) -> ReportBracket {
+    let after_ns = match listing {
+        Listing::Complete { .. } => waiting.unreported_at_ns.min(seen_at_ns),
+        Listing::Partial => seen_at_ns,
+    };
+    ReportBracket {
+        after_ns,
+        by_ns: seen_at_ns,
+    }
+}
+
 /// Whether `pod` is `exit`'s pod: by uid, or for a mirror pod by its static pod's uid.
 fn is_pod_of(pod: &PodReport, exit: &PendingExit) -> bool {
     let uid = exit.container.pod_uid.as_str();
@@ -192,10 +232,18 @@ fn names(container_id: &str, id: &str) -> bool {
         == id
 }
 
+/// An exit a source has yet to show, and the latest moment it is known not to have shown it.
+struct Waiting {
+    exit: PendingExit,
+    /// `CLOCK_MONOTONIC` ns: the kernel's timestamp, then the start of each complete listing that
+    /// did not report the exit (the report came later than that).
+    unreported_at_ns: u64,
+}
+
 /// One source's exits waiting to be reported, and what settles them.
 pub struct LagTracker {
     source: SourceKind,
-    pending: Mutex<Vec<PendingExit>>,
+    pending: Mutex<Vec<Waiting>>,
     wake: Notify,
     give_up_after: Duration,
     metrics: ObserveMetrics,
@@ -223,7 +271,7 @@ impl LagTracker {
         self.source
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<PendingExit>> {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<Waiting>> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -231,7 +279,10 @@ impl LagTracker {
     pub fn exited(&self, exit: PendingExit) {
         let count = {
             let mut pending = self.pending();
-            pending.push(exit);
+            pending.push(Waiting {
+                unreported_at_ns: exit.kernel_time_ns,
+                exit,
+            });
             pending.len()
         };
         self.metrics.set_pending(self.source, count);
@@ -279,18 +330,23 @@ impl LagTracker {
             let mut settled = Vec::new();
             let mut gone = Vec::new();
             let mut gave_up = Vec::new();
-            pending.retain(|exit| {
-                let lag = Duration::from_nanos(seen_at_ns.saturating_sub(exit.kernel_time_ns));
+            pending.retain_mut(|waiting| {
+                let exit = &waiting.exit;
                 if pods.iter().any(|pod| reports_exit(pod, exit)) {
-                    settled.push((exit.clone(), lag));
+                    settled.push((exit.clone(), report_bracket(waiting, listing, seen_at_ns)));
                     false
                 } else if pod_gone(exit) {
                     gone.push(exit.clone());
                     false
-                } else if lag >= self.give_up_after {
+                } else if Duration::from_nanos(seen_at_ns.saturating_sub(exit.kernel_time_ns))
+                    >= self.give_up_after
+                {
                     gave_up.push(exit.clone());
                     false
                 } else {
+                    if let Listing::Complete { started_at_ns } = listing {
+                        waiting.unreported_at_ns = waiting.unreported_at_ns.max(started_at_ns);
+                    }
                     true
                 }
             });
@@ -310,37 +366,44 @@ impl LagTracker {
                 u64::try_from(gave_up.len()).unwrap_or(u64::MAX),
             );
         }
-        for (exit, lag) in &settled {
-            self.metrics.observe_lag(self.source, *lag);
-            // One line per measurement, so a run can be checked against an outside measurement.
-            tracing::info!(source = self.source.label(), container_id = %exit.container.id,
-                pod = %format_args!("{}/{}", exit.container.namespace, exit.container.pod_name),
-                container = %exit.container.container_name,
-                lag_us = lag.as_micros(),
-                "observed kubelet status lag");
-            self.events.publish(LifecycleRecord {
-                pod_uid: exit.container.pod_uid.clone(),
-                namespace: exit.container.namespace.clone(),
-                pod_name: exit.container.pod_name.clone(),
-                container_name: exit.container.container_name.clone(),
-                container_id: Some(exit.container.id.clone()),
-                kind: LifecycleKind::StatusUpdated,
-                exit_code: Some(exit.exit_code),
-                kernel_to_event: Some(*lag),
-                observed_at: SystemTime::now(),
-            });
-        }
         settled
+            .into_iter()
+            .map(|(exit, bracket)| {
+                let lag = bracket.lag(exit.kernel_time_ns);
+                self.metrics.observe_lag(self.source, lag);
+                // One line per measurement, so a run can be checked against an outside measurement.
+                tracing::info!(source = self.source.label(), container_id = %exit.container.id,
+                    pod = %format_args!("{}/{}", exit.container.namespace, exit.container.pod_name),
+                    container = %exit.container.container_name,
+                    lag_us = lag.as_micros(),
+                    error_bound_us = bracket.error_bound().as_micros(),
+                    "observed kubelet status lag");
+                self.events.publish(LifecycleRecord {
+                    pod_uid: exit.container.pod_uid.clone(),
+                    namespace: exit.container.namespace.clone(),
+                    pod_name: exit.container.pod_name.clone(),
+                    container_name: exit.container.container_name.clone(),
+                    container_id: Some(exit.container.id.clone()),
+                    kind: LifecycleKind::StatusUpdated,
+                    exit_code: Some(exit.exit_code),
+                    kernel_to_event: Some(lag),
+                    observed_at: SystemTime::now(),
+                });
+                (exit, lag)
+            })
+            .collect()
     }
 
     /// Drops the pending exits of `pod`, which the source deleted (a watch's delete event).
     pub fn pod_deleted(&self, pod: &PodReport) {
         let gone: Vec<PendingExit> = {
             let mut pending = self.pending();
-            let (gone, left) = pending.drain(..).partition(|exit| is_pod_of(pod, exit));
+            let (gone, left): (Vec<Waiting>, Vec<Waiting>) = pending
+                .drain(..)
+                .partition(|waiting| is_pod_of(pod, &waiting.exit));
             *pending = left;
             self.metrics.set_pending(self.source, pending.len());
-            gone
+            gone.into_iter().map(|waiting| waiting.exit).collect()
         };
         self.count_gone(&gone);
     }
@@ -503,6 +566,53 @@ mod tests {
         assert!(text.contains(
             "ringlet_observed_kubelet_status_lag_timeouts_total{source=\"kubelet_pods\"} 1"
         ));
+    }
+
+    /// A poll's report lies between the start of the last read that did not show it and the
+    /// answer of the first that did: the lag is the middle. A read started before the exit tells
+    /// nothing; with no read before the showing one the bracket starts at the exit.
+    #[tokio::test]
+    async fn a_polled_report_counts_to_the_middle_of_its_bracket() {
+        let (tracker, _metrics) = kubelet_pods_tracker();
+        let running = pod(json!({"containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
+            "containerID": "containerd://aaa", "state": {"running": {}}
+        }]}));
+        let reported = pod(json!({"containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+            "containerID": "containerd://aaa", "state": {"terminated": {"exitCode": 137}}
+        }]}));
+        let read_started = |ms: u64| Listing::Complete {
+            started_at_ns: ms * 1_000_000,
+        };
+        tracker.exited(exit("aaa"));
+        tracker.settle([&running], read_started(990), 1_012_000_000);
+        tracker.settle([&running], read_started(1_010), 1_011_000_000);
+        tracker.settle([&running], read_started(1_004), 1_013_000_000);
+        let settled = tracker.settle([&reported], read_started(1_011), 1_030_000_000);
+        assert_eq!(settled.len(), 1);
+        assert_eq!(
+            settled[0].1,
+            Duration::from_millis(20),
+            "(1010 + 1030) / 2 - 1000"
+        );
+
+        tracker.exited(exit("aaa"));
+        let settled = tracker.settle([&reported], read_started(999), 1_008_000_000);
+        assert_eq!(
+            settled[0].1,
+            Duration::from_millis(4),
+            "(1000 + 1008) / 2 - 1000"
+        );
+
+        tracker.exited(exit("aaa"));
+        tracker.settle([&running], read_started(1_010), 1_011_000_000);
+        let settled = tracker.settle([&reported], Listing::Partial, 1_030_000_000);
+        assert_eq!(
+            settled[0].1,
+            Duration::from_millis(30),
+            "a pushed report counts to its arrival"
+        );
     }
 
     /// A complete listing without the exit's pod drops the exit, but only when the read started
