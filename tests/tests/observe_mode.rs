@@ -689,6 +689,10 @@ impl EventWatcher {
                 .to_owned();
             match event["kind"].as_str() {
                 Some("ContainerDied") => died.push(id),
+                Some("EventsLost") => bail!(
+                    "ringlet events read too slowly and lost {} events",
+                    event["missed"]
+                ),
                 Some("StatusUpdated") => {
                     ensure!(
                         died.contains(&id),

@@ -28,10 +28,11 @@ pub fn show(ringlet: &Path, read_only_port: u16, events_socket: &Path) -> Result
         .args(["events", "--output", "json", "--pod", POD, "--socket"])
         .arg(events_socket)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .context("starting ringlet events")?;
-    let result = kill_and_trace(&mut watcher, &container_id);
+    let result =
+        wait_watching(&mut watcher).and_then(|()| kill_and_trace(&mut watcher, &container_id));
     let _ = watcher.kill();
     let _ = watcher.wait();
     result?;
@@ -43,6 +44,27 @@ pub fn show(ringlet: &Path, read_only_port: u16, events_socket: &Path) -> Result
         .context("running ringlet events")?;
     println!("ringlet events exited: {status}");
     Ok(())
+}
+
+/// Waits until `ringlet events` says it is watching, so the kill's events reach it; its stderr goes
+/// on to ours.
+fn wait_watching(watcher: &mut Child) -> Result<()> {
+    let stderr = watcher
+        .stderr
+        .take()
+        .context("ringlet events has no stderr")?;
+    let (watching, started) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if line.starts_with("ringlet events: watching ") {
+                let _ = watching.send(());
+            }
+        }
+    });
+    started
+        .recv_timeout(CHAIN)
+        .context("ringlet events did not say it is watching")
 }
 
 /// Waits until `/pods` shows the demo container running; returns its containerd id.

@@ -1,5 +1,5 @@
 //! The kubelet's status lag: for each container exit the kernel reported, the time from the kernel's
-//! timestamp until a source shows the kubelet reporting it. One [`LagTracker`] per source keeps the
+//! timestamp until the kubelet reported it, as each source lets it be estimated. One [`LagTracker`] per source keeps the
 //! exits that source has not reported yet; the source hands it every pod it reads, and the tracker
 //! settles the exits those pods report ([`reports_exit`]: the pure part), observes their lag, drops
 //! the exits whose pod left the source unreported (a removed pod's containers) and gives up on
@@ -7,9 +7,10 @@
 //!
 //! A polled source brackets the moment of the report: it came after the start of the last read
 //! that did not show it and before the answer of the first that did. The lag is the middle of that
-//! bracket, off by at most half its width (logged as `error_bound_us`), so a poller that was late
-//! to run (a busy node) widens the bracket instead of adding its delay to the lag. A pushed source
-//! (a watch) counts to the event's arrival.
+//! bracket, off by at most half its width (logged as `error_bound_us`), so a poller kept from
+//! starting reads (a busy node) widens the bracket instead of adding its delay to the lag; one
+//! held up after an answer arrived adds half of that hold-up. A pushed source (a watch) counts to
+//! the event's arrival, with no bound logged.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -142,37 +143,42 @@ pub enum Listing {
     Partial,
 }
 
-/// When (`CLOCK_MONOTONIC` ns) a source's report of an exit appeared: after `after_ns`, at or
-/// before `by_ns`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// When (`CLOCK_MONOTONIC` ns) a source's report of an exit appeared: at or before `by_ns`, and
+/// for a polled source after `after_ns`.
+#[derive(Clone, Copy, Debug)]
 struct ReportBracket {
-    after_ns: u64,
+    after_ns: Option<u64>,
     by_ns: u64,
 }
 
 impl ReportBracket {
-    /// From the kernel's timestamp to the middle of the bracket.
+    /// A poll's answer at `seen_at_ns` brackets the report from the last read that did not show
+    /// it; a pushed one is its arrival.
+    fn of(waiting: &Waiting, listing: Listing, seen_at_ns: u64) -> Self {
+        let after_ns = match listing {
+            // The bound is the exit or a read's start, both before this answer; the `min` only
+            // keeps the bracket well formed.
+            Listing::Complete { .. } => Some(waiting.unreported_at_ns.min(seen_at_ns)),
+            Listing::Partial => None,
+        };
+        Self {
+            after_ns,
+            by_ns: seen_at_ns,
+        }
+    }
+
+    /// From the kernel's timestamp to the middle of the bracket (to its end for a pushed report).
     fn lag(self, kernel_time_ns: u64) -> Duration {
-        let middle = self.after_ns + (self.by_ns.saturating_sub(self.after_ns)) / 2;
-        Duration::from_nanos(middle.saturating_sub(kernel_time_ns))
+        let reported_at = self.after_ns.map_or(self.by_ns, |after| {
+            after + self.by_ns.saturating_sub(after) / 2
+        });
+        Duration::from_nanos(reported_at.saturating_sub(kernel_time_ns))
     }
 
-    /// How far the lag may be off: half the bracket.
-    fn error_bound(self) -> Duration {
-        Duration::from_nanos(self.by_ns.saturating_sub(self.after_ns) / 2)
-    }
-}
-
-/// The bracket of a report seen at `seen_at_ns` in `listing`: a poll's answer (complete listing)
-/// brackets it from the last read that did not show it; a pushed one is its arrival.
-fn report_bracket(waiting: &Waiting, listing: Listing, seen_at_ns: u64) -> ReportBracket {
-    let after_ns = match listing {
-        Listing::Complete { .. } => waiting.unreported_at_ns.min(seen_at_ns),
-        Listing::Partial => seen_at_ns,
-    };
-    ReportBracket {
-        after_ns,
-        by_ns: seen_at_ns,
+    /// How far the lag may be off: half the bracket; none for a pushed report.
+    fn error_bound(self) -> Option<Duration> {
+        self.after_ns
+            .map(|after| Duration::from_nanos(self.by_ns.saturating_sub(after) / 2))
     }
 }
 
@@ -333,7 +339,10 @@ impl LagTracker {
             pending.retain_mut(|waiting| {
                 let exit = &waiting.exit;
                 if pods.iter().any(|pod| reports_exit(pod, exit)) {
-                    settled.push((exit.clone(), report_bracket(waiting, listing, seen_at_ns)));
+                    settled.push((
+                        exit.clone(),
+                        ReportBracket::of(waiting, listing, seen_at_ns),
+                    ));
                     false
                 } else if pod_gone(exit) {
                     gone.push(exit.clone());
@@ -376,7 +385,7 @@ impl LagTracker {
                     pod = %format_args!("{}/{}", exit.container.namespace, exit.container.pod_name),
                     container = %exit.container.container_name,
                     lag_us = lag.as_micros(),
-                    error_bound_us = bracket.error_bound().as_micros(),
+                    error_bound_us = bracket.error_bound().map(|bound| bound.as_micros()),
                     "observed kubelet status lag");
                 self.events.publish(LifecycleRecord {
                     pod_uid: exit.container.pod_uid.clone(),
