@@ -9,7 +9,7 @@
 //! through [`cluster`].
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{BufRead as _, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -740,6 +740,30 @@ pub fn metric_value<T: std::str::FromStr>(metrics: &str, series: &str) -> Option
             let (name, value) = line.rsplit_once(' ')?;
             (name == series).then(|| value.parse().ok()).flatten()
         })
+}
+
+/// Waits until a `ringlet events` child started with its stderr piped says it is watching: from
+/// then on every event reaches it. Its stderr goes on to ours.
+pub fn wait_until_watching(events: &mut Child, timeout: Duration) -> Result<()> {
+    let stderr = events
+        .stderr
+        .take()
+        .context("ringlet events has no piped stderr")?;
+    let (watching, started) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("{line}");
+            if line.starts_with("ringlet events: watching ") {
+                let _ = watching.send(());
+            }
+        }
+    });
+    started
+        .recv_timeout(timeout)
+        .context("ringlet events did not say it is watching")
 }
 
 /// The last `lines` lines of `text`.

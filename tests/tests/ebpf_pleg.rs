@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use ringlet_tests::{
     Agent, AgentOptions, busybox_pod, container_status, http_get, memory_hog_pod, phase,
-    require_ebpf_lab, ringlet_binary, tail, wait_for,
+    require_ebpf_lab, ringlet_binary, tail, wait_for, wait_until_watching,
 };
 use serde_json::Value;
 
@@ -663,7 +663,8 @@ fn the_pins_exist_while_the_agent_runs_and_go_on_sigterm() -> Result<()> {
     Ok(())
 }
 
-/// `ringlet events` as a child process; its stdout lines arrive on a channel. Killed on drop.
+/// `ringlet events` as a child process, started once it watches; its stdout lines arrive on a
+/// channel. Killed on drop.
 struct EventsWatcher {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -676,7 +677,7 @@ impl EventsWatcher {
             .arg(socket)
             .args(["--output", "json"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .context("cannot start ringlet events")?;
         let stdout = child.stdout.take().context("no stdout")?;
@@ -689,7 +690,9 @@ impl EventsWatcher {
                 }
             }
         });
-        Ok(Self { child, lines })
+        let mut watcher = Self { child, lines };
+        wait_until_watching(&mut watcher.child, Duration::from_secs(30))?;
+        Ok(watcher)
     }
 
     /// The first event accepted by `check`, within `timeout`; fails with every line seen.

@@ -41,7 +41,7 @@ use ringlet_tests::kubelet_host::{
 };
 use ringlet_tests::{
     LAB_DIR, containers_of_node, free_port, http_get, image_binary, metric_value, node_lock,
-    require_ebpf_lab, ringlet_binary, tail, task, wait_for,
+    require_ebpf_lab, ringlet_binary, tail, task, wait_for, wait_until_watching,
 };
 use serde_json::Value;
 
@@ -642,7 +642,7 @@ impl EventWatcher {
     fn start(socket: &Path) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let output = dir.path().join("events.jsonl");
-        let mut child = Command::new(ringlet_binary()?)
+        let child = Command::new(ringlet_binary()?)
             .arg("events")
             .arg("--socket")
             .arg(socket)
@@ -652,24 +652,12 @@ impl EventWatcher {
             .stderr(Stdio::piped())
             .spawn()
             .context("starting ringlet events")?;
-        let stderr = child.stderr.take().context("no stderr")?;
-        let watcher = Self {
+        let mut watcher = Self {
             child,
             output,
             _dir: dir,
         };
-        let (watching, started) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("{line}");
-                if line.starts_with("ringlet events: watching ") {
-                    let _ = watching.send(());
-                }
-            }
-        });
-        started
-            .recv_timeout(Duration::from_secs(30))
-            .context("ringlet events did not say it is watching")?;
+        wait_until_watching(&mut watcher.child, Duration::from_secs(30))?;
         Ok(watcher)
     }
 

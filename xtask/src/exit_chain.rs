@@ -31,8 +31,8 @@ pub fn show(ringlet: &Path, read_only_port: u16, events_socket: &Path) -> Result
         .stderr(Stdio::piped())
         .spawn()
         .context("starting ringlet events")?;
-    let result =
-        wait_watching(&mut watcher).and_then(|()| kill_and_trace(&mut watcher, &container_id));
+    let result = ringlet_tests::wait_until_watching(&mut watcher, CHAIN)
+        .and_then(|()| kill_and_trace(&mut watcher, &container_id));
     let _ = watcher.kill();
     let _ = watcher.wait();
     result?;
@@ -44,27 +44,6 @@ pub fn show(ringlet: &Path, read_only_port: u16, events_socket: &Path) -> Result
         .context("running ringlet events")?;
     println!("ringlet events exited: {status}");
     Ok(())
-}
-
-/// Waits until `ringlet events` says it is watching, so the kill's events reach it; its stderr goes
-/// on to ours.
-fn wait_watching(watcher: &mut Child) -> Result<()> {
-    let stderr = watcher
-        .stderr
-        .take()
-        .context("ringlet events has no stderr")?;
-    let (watching, started) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-            if line.starts_with("ringlet events: watching ") {
-                let _ = watching.send(());
-            }
-        }
-    });
-    started
-        .recv_timeout(CHAIN)
-        .context("ringlet events did not say it is watching")
 }
 
 /// Waits until `/pods` shows the demo container running; returns its containerd id.

@@ -1,9 +1,9 @@
 //! The kubelet's status lag: for each container exit the kernel reported, the time from the kernel's
-//! timestamp until the kubelet reported it, as each source lets it be estimated. One [`LagTracker`] per source keeps the
-//! exits that source has not reported yet; the source hands it every pod it reads, and the tracker
-//! settles the exits those pods report ([`reports_exit`]: the pure part), observes their lag, drops
-//! the exits whose pod left the source unreported (a removed pod's containers) and gives up on
-//! exits older than the bound.
+//! timestamp until the kubelet reported it, as each source lets it be estimated. One
+//! [`LagTracker`] per source keeps the exits that source has not reported yet; the source hands it
+//! every pod it reads, and the tracker settles the exits those pods report ([`reports_exit`]: the
+//! pure part), observes their lag, drops the exits whose pod left the source unreported (a removed
+//! pod's containers) and gives up on exits older than the bound.
 //!
 //! A polled source brackets the moment of the report: it came after the start of the last read
 //! that did not show it and before the answer of the first that did. The lag is the middle of that

@@ -4,9 +4,9 @@
 //! calls so a kernel exit of a container's init maps to its pod and container, and for each such
 //! exit measures how long the kubelet takes to report the container terminated, from the
 //! kernel's timestamp to the report as a source lets it be timed ([`lag`]): the kubelet's own
-//! `/pods` ([`kubelet_pods`]) and/or the pod in the API server ([`apiserver`]). The lag is exported as
-//! `ringlet_observed_kubelet_status_lag_seconds{source}` on `/metrics`, and the exits it sees go
-//! to the live event stream (`ringlet events --socket`). The kubelet has no counterpart.
+//! `/pods` ([`kubelet_pods`]) and/or the pod in the API server ([`apiserver`]). The lag is
+//! exported as `ringlet_observed_kubelet_status_lag_seconds{source}` on `/metrics`, and the exits
+//! it sees go to the live event stream (`ringlet events --socket`). The kubelet has no counterpart.
 
 mod apiserver;
 mod args;
