@@ -45,7 +45,7 @@ use tokio::sync::watch;
 const NODE_LOG_DIR: &str = "/var/log";
 
 fn main() -> ExitCode {
-    memory::limit_malloc_arenas();
+    memory::tune_malloc();
     // `ringlet events` inspects a running agent: none of the agent's flags or config apply.
     if std::env::args_os()
         .nth(1)

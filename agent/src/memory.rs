@@ -6,6 +6,12 @@
 //! arenas when it starts and hands free pages back to the kernel periodically: 54 MiB for the
 //! same pods. Its allocations happen on one async thread plus short blocking calls, so two arenas
 //! cost no contention that matters.
+//!
+//! It also fixes the size from which malloc maps a block of its own. glibc raises that size to the
+//! largest mapped block freed so far; loading the eBPF programs parses the kernel's BTF into
+//! vectors of about 9 MiB and frees them, after which every buffer below 9 MiB (a `/pods` answer,
+//! a relist's listing) came from the heap and left it fragmented. Fixed at glibc's starting value,
+//! the anonymous memory of the agent with 100 pods fell by about 0.4 MiB.
 
 use std::time::Duration;
 
@@ -14,14 +20,20 @@ use tokio::time::MissedTickBehavior;
 /// How many malloc arenas glibc may create.
 pub const MALLOC_ARENAS: libc::c_int = 2;
 
+/// Blocks of at least this many bytes get a mapping of their own, which goes back to the kernel
+/// when they are freed (glibc's starting value, kept from rising).
+pub const MMAP_THRESHOLD_BYTES: libc::c_int = 128 * 1024;
+
 /// How often free heap pages go back to the kernel.
 pub const TRIM_PERIOD: Duration = Duration::from_secs(30);
 
-/// Caps glibc's malloc arenas at [`MALLOC_ARENAS`]; call it before any thread is started.
-pub fn limit_malloc_arenas() {
+/// Caps glibc's malloc arenas at [`MALLOC_ARENAS`] and fixes its mapping threshold at
+/// [`MMAP_THRESHOLD_BYTES`]; call it before any thread is started.
+pub fn tune_malloc() {
     // SAFETY: mallopt only changes the allocator's parameters; it takes no pointers.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
     }
 }
 

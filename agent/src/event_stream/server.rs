@@ -9,6 +9,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures::Stream;
@@ -202,7 +203,7 @@ impl EventService for Watcher {
 /// The next event the watcher wants, or `None` when the stream ends (server stopping, or every
 /// publisher gone).
 async fn next_event(
-    events: &mut broadcast::Receiver<LifecycleRecord>,
+    events: &mut broadcast::Receiver<Arc<LifecycleRecord>>,
     filter: &WatchFilter,
     stopping: &mut watch::Receiver<bool>,
 ) -> Option<pb::LifecycleEvent> {

@@ -127,7 +127,7 @@ mod tests {
     /// A tracker with its metrics and a `ringlet events` watcher of what it publishes.
     fn watched_tracker() -> (
         Metrics,
-        tokio::sync::broadcast::Receiver<LifecycleRecord>,
+        tokio::sync::broadcast::Receiver<std::sync::Arc<LifecycleRecord>>,
         LatencyTracker,
     ) {
         let metrics = Metrics::new().unwrap();
