@@ -3,8 +3,9 @@
 //! containerd and the same static pod manifests (busybox `sleep`, host network unless
 //! `--pod-network`). For each agent:
 //! idle CPU and RSS with no pods, then for each pod count all pods Running after writing the
-//! manifests, idle CPU and RSS and container exit → status on `/pods` (at the fewest and the most
-//! pods), and all containers gone after removing the manifests. Ratios against the kubelet and the
+//! manifests (each start at that count, the exit rounds' fresh pods included), idle CPU and RSS
+//! and container exit → status on `/pods` (at the fewest and the most pods), and all containers
+//! gone after removing the manifests. Ratios against the kubelet and the
 //! issue 13 targets go to `bench/results/compare.{json,md,svg}`. With `--containerd 1.7` the lab
 //! runs trixie's containerd, the kubelet runs with its `EventedPLEG` feature gate (1.7 has the CRI
 //! event stream it reads), and the results go to `compare-containerd-1.7.*`.
@@ -310,12 +311,12 @@ impl SideRun<'_> {
             self.args.pods.last().copied().unwrap_or_default(),
         );
         for &pods in &self.args.pods {
-            let running = self.start_pods(pods)?;
-            self.push(RUNNING, pods, "ms", vec![running]);
+            let mut starts = vec![self.start_pods(pods)?];
             if pods == fewest || pods == most {
                 self.idle(pods)?;
-                self.exits(pods)?;
+                starts.extend(self.exits(pods)?);
             }
+            self.push(RUNNING, pods, "ms", starts);
             let gone = benchkit::ms(cleanup(self.manifests, NAMESPACE)?);
             self.push(TEARDOWN, pods, "ms", vec![gone]);
         }
@@ -372,13 +373,15 @@ impl SideRun<'_> {
         Ok(())
     }
 
-    /// Times `--exits` exits with `pods` pods running, replacing the pods between rounds.
-    fn exits(&mut self, pods: usize) -> Result<()> {
+    /// Times `--exits` exits with `pods` pods running, replacing the pods between rounds; returns
+    /// how long each replacement took to run, in ms.
+    fn exits(&mut self, pods: usize) -> Result<Vec<f64>> {
         let mut samples = Vec::new();
+        let mut starts = Vec::new();
         while samples.len() < self.args.exits {
             if !samples.is_empty() {
                 cleanup(self.manifests, NAMESPACE)?;
-                self.start_pods(pods)?;
+                starts.push(self.start_pods(pods)?);
             }
             let round = time_exits(
                 self.agent,
@@ -395,7 +398,7 @@ impl SideRun<'_> {
             samples.extend(round);
         }
         self.push(EXIT, pods, "ms", samples);
-        Ok(())
+        Ok(starts)
     }
 
     fn push(&mut self, name: &str, pods: usize, unit: &str, samples: Vec<f64>) {
@@ -504,7 +507,8 @@ fn markdown(report: &Report) -> String {
          terminated or restarted (polled every {} ms), {} exits at each count, each pod killed \
          once (fresh pods between rounds), the next kill 0.2–1.2 s after an exit shows; median / \
          p99. **all pods Running**: writing the manifests → every pod Running on `/pods` (10 ms \
-         poll). **teardown**: removing the manifests → containerd holds none of the pods' \
+         poll); where the exit rounds replaced the pods, every start at that count is a sample \
+         (median / p99). **teardown**: removing the manifests → containerd holds none of the pods' \
          containers (sandboxes included; 200 ms poll). **idle**: utime + stime of the agent over \
          {} s after {} s of settling, % of one core; `VmRSS` at the window's end.\n\n\
          | metric | pods | unit | ringlet-ebpf | ringlet-relist | kubelet | ebpf / kubelet | \
