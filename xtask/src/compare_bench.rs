@@ -5,10 +5,10 @@
 //! idle CPU and RSS with no pods, then for each pod count all pods Running after writing the
 //! manifests (each start at that count, the exit rounds' fresh pods included), idle CPU and RSS
 //! and container exit → status on `/pods` (at the fewest and the most pods), and all containers
-//! gone after removing the manifests. Ratios against the kubelet and the
-//! issue 13 targets go to `bench/results/compare.{json,md,svg}`. With `--containerd 1.7` the lab
-//! runs trixie's containerd, the kubelet runs with its `EventedPLEG` feature gate (1.7 has the CRI
-//! event stream it reads), and the results go to `compare-containerd-1.7.*`.
+//! gone after removing the manifests. Ratios against the kubelet and the issue 13 targets go to
+//! `bench/results/compare.{json,md,svg}`. With `--containerd 1.7` the lab runs trixie's
+//! containerd, the kubelet runs with its `EventedPLEG` feature gate (1.7 has the CRI event stream
+//! it reads), and the results go to `compare-containerd-1.7.*`.
 
 use std::fmt::Write as _;
 use std::fs;
