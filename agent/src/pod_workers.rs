@@ -584,6 +584,18 @@ async fn perform(shared: &Shared, step: &Step, status: &PodStatus) -> Result<Per
             })
         }
         Step::CleanUp(pod, cleanup) => {
+            // The read is newer than the stop. Something still live there was missed by the stop's
+            // older read (a sandbox a killed agent's `RunPodSandbox` finished after the restart, say):
+            // stopping it again comes first, or its processes would keep the pod cgroup and every
+            // cleanup retry would fail on it for good.
+            if !status.live_part().is_empty() {
+                tracing::warn!(pod = %pod_label(pod), uid = %status.uid,
+                    "the pod still runs after it was stopped; stopping it again");
+                return Ok(Performed {
+                    phase: WorkerPhase::Terminating,
+                    changed_runtime: false,
+                });
+            }
             shared
                 .syncer
                 .sync_terminated_pod(pod, status, *cleanup)
@@ -599,6 +611,7 @@ async fn perform(shared: &Shared, step: &Step, status: &PodStatus) -> Result<Per
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::container::{SandboxId, SandboxState, SandboxStatus};
     use futures::FutureExt;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use tokio::sync::mpsc;
@@ -893,6 +906,51 @@ mod tests {
         relist(&f.workers).await;
         assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Removed)));
         assert!(f.queue.take_due().is_empty());
+    }
+
+    /// The pod `uid-1` as a runtime read shows it: one sandbox in `state`.
+    fn read_with_sandbox(state: SandboxState) -> PodStatus {
+        PodStatus {
+            uid: PodUid::from("uid-1"),
+            sandboxes: vec![SandboxStatus {
+                id: SandboxId::from("sandbox-the-stop-missed"),
+                state,
+                created_at: 1,
+                attempt: 0,
+                ip: None,
+                host_network: true,
+            }],
+            ..PodStatus::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_a_read_after_its_stop_shows_live_is_stopped_again_before_its_cleanup() {
+        let mut f = fixture(false, false, 10);
+        let mut kill = update("v1", UpdateType::Kill);
+        kill.pod_removed = true;
+        f.workers.update_pod(kill);
+        assert_eq!(f.calls.recv().await, Some(Call::Terminate(None)));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        f.workers
+            .shared
+            .cache
+            .set(read_with_sandbox(SandboxState::Ready), Instant::now());
+        assert_eq!(
+            f.calls.recv().await,
+            Some(Call::Terminate(None)),
+            "a ready sandbox after the stop is stopped, not cleaned up around"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        f.workers
+            .shared
+            .cache
+            .set(read_with_sandbox(SandboxState::NotReady), Instant::now());
+        assert_eq!(f.calls.recv().await, Some(Call::CleanUp(Cleanup::Removed)));
+        assert_eq!(
+            f.workers.phase(&PodUid::from("uid-1")),
+            Some(WorkerPhase::Terminated { cleaned_up: true })
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -803,6 +803,11 @@ impl Drop for Agent {
                 .map(|entry| entry.file_name())
                 .collect();
             eprintln!("{err:#}; pod directories left: {dirs:?}");
+            // What the agent failed to remove must not outlive the test: later tests share the
+            // runtime, and an upstream kubelet would find and kill pods it does not own.
+            if let Err(err) = remove_sandboxes_of_node(&node) {
+                eprintln!("removing the sandboxes the agent left: {err:#}");
+            }
         }
         if let Some(mut child) = self.child.take() {
             if let Ok(pid) = i32::try_from(child.id()) {
@@ -815,6 +820,62 @@ impl Drop for Agent {
             eprintln!("unmounting what the agent left below its root dir: {err:#}");
         }
     }
+}
+
+/// Stops and removes, through CRI, every sandbox of a static pod of `node` (its containers go
+/// with it), as a test's last resort when the agent it ran did not. Runs on a thread of its own,
+/// so it may be called from async tests too.
+pub fn remove_sandboxes_of_node(node: &str) -> Result<()> {
+    let suffix = format!("-{node}");
+    let remove = move || -> Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let client =
+                ringlet::kuberuntime::CriClient::new(CONTAINERD_SOCKET, Duration::from_mins(1))?;
+            for sandbox in client.list_pod_sandbox(None).await? {
+                let name = sandbox
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.name.as_str())
+                    .unwrap_or_default();
+                if !name.ends_with(&suffix) {
+                    continue;
+                }
+                eprintln!(
+                    "removing sandbox {} of {name}, left by the agent",
+                    sandbox.id
+                );
+                client.stop_pod_sandbox(&sandbox.id).await?;
+                client.remove_pod_sandbox(&sandbox.id).await?;
+            }
+            Ok(())
+        })
+    };
+    std::thread::spawn(remove)
+        .join()
+        .map_err(|_| anyhow!("removing the sandboxes panicked"))?
+}
+
+/// The directories below the v1 memory hierarchy's `kubepods` (three levels: `QoS`, pod, container)
+/// whose name contains `uid`.
+pub fn pod_cgroups_of(uid: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut pending = vec![(Path::new("/sys/fs/cgroup/memory/kubepods").to_path_buf(), 0)];
+    while let Some((dir, depth)) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten().filter(|e| e.path().is_dir()) {
+            if entry.file_name().to_string_lossy().contains(uid) {
+                found.push(entry.path().display().to_string());
+            } else if depth < 2 {
+                pending.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
 }
 
 /// The pod state of one container on a `/pods` entry: `running`, `waiting` or `terminated`.

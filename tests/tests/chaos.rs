@@ -18,8 +18,8 @@ use ringlet_tests::cluster::run;
 use ringlet_tests::stalling_proxy::StallingProxy;
 use ringlet_tests::{
     Agent, AgentOptions, CONTAINERD_SOCKET, busybox_pod, container_labels, container_status,
-    containers_of_node, http_get, lab_containerd, phase, require_lab, restart_lab_containerd, task,
-    wait_for,
+    containers_of_node, http_get, lab_containerd, phase, pod_cgroups_of, require_lab,
+    restart_lab_containerd, task, wait_for,
 };
 use serde_json::Value;
 
@@ -98,26 +98,6 @@ fn start_pods(
             .map(|name| Some((name.clone(), running_id(pods.get(name)?)?)))
             .collect::<Option<BTreeMap<_, _>>>()
     })
-}
-
-/// The directories below the v1 memory hierarchy's `kubepods` (three levels: `QoS`, pod, container)
-/// whose name contains `uid`.
-fn pod_cgroups_of(uid: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut pending = vec![(Path::new("/sys/fs/cgroup/memory/kubepods").to_path_buf(), 0)];
-    while let Some((dir, depth)) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten().filter(|e| e.path().is_dir()) {
-            if entry.file_name().to_string_lossy().contains(uid) {
-                found.push(entry.path().display().to_string());
-            } else if depth < 2 {
-                pending.push((entry.path(), depth + 1));
-            }
-        }
-    }
-    found
 }
 
 /// Removes every manifest and checks that nothing of the pods with `uids` is left: containers,
@@ -344,7 +324,12 @@ fn the_agent_killed_twenty_times_while_pods_churn_loses_and_doubles_nothing() ->
         );
     }
     println!("{test}: settled after {:?}", started.elapsed());
-    remove_all_and_check_nothing_is_left(&agent, &uids)
+    remove_all_and_check_nothing_is_left(&agent, &uids).with_context(|| {
+        format!(
+            "seed {seed}: agent log:\n{}",
+            ringlet_tests::tail(&agent.log(), 80)
+        )
+    })
 }
 
 #[test]

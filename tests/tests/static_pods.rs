@@ -4,15 +4,17 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use ringlet_tests::{
     Agent, AgentOptions, busybox_pod, container_status, containers_of_node, http_get,
-    memory_hog_pod, phase, require_lab, run_once, task_running, wait_for,
+    memory_hog_pod, phase, pod_cgroups_of, require_lab, run_once, tail, task_running, wait_for,
 };
 use serde_json::Value;
 
@@ -129,6 +131,65 @@ fn editing_a_manifest_replaces_the_pod_and_deleting_it_removes_it() -> Result<()
         },
     )?;
     Ok(())
+}
+
+/// A process in a pod's cgroup that no container or sandbox of the runtime owns (what an
+/// interrupted runtime call can leave) must not keep the removed pod's cgroup and directory for
+/// good: once the runtime reports nothing of the pod running, it is killed, as the kubelet does.
+#[test]
+fn a_process_of_no_container_left_in_a_removed_pods_cgroup_is_killed_and_the_pod_cleaned_up()
+-> Result<()> {
+    let test =
+        "a_process_of_no_container_left_in_a_removed_pods_cgroup_is_killed_and_the_pod_cleaned_up";
+    if !require_lab(test) {
+        return Ok(());
+    }
+    let agent = Agent::start("stray", AgentOptions::default())?;
+    agent.write_manifest("app.yaml", &busybox_pod("app", "Always", "exec sleep 3600"))?;
+    let pod = agent.wait_pod("app", "running", START, |p| running(p, "main"))?;
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let pod_cgroup = match pod_cgroups_of(&uid).as_slice() {
+        [one] => std::path::PathBuf::from(one),
+        other => anyhow::bail!("expected one memory cgroup of pod {uid}, found {other:?}"),
+    };
+    let mut stray = StrayProcess(Command::new("sleep").arg("3600").spawn()?);
+    std::fs::write(pod_cgroup.join("cgroup.procs"), stray.0.id().to_string())?;
+
+    agent.remove_manifest("app.yaml")?;
+    let pod_dir = agent.root_dir().join("pods").join(&uid);
+    wait_for(
+        "the pod's containers, cgroup and directory to go",
+        START,
+        || {
+            let gone = containers_of_node(&agent.node).ok()?.is_empty()
+                && pod_cgroups_of(&uid).is_empty()
+                && !pod_dir.exists();
+            gone.then_some(())
+        },
+    )
+    .with_context(|| format!("agent log:\n{}", tail(&agent.log(), 60)))?;
+    let status = wait_for("the stray process to be reaped", START, || {
+        stray.0.try_wait().ok().flatten()
+    })?;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "the stray process was killed"
+    );
+    Ok(())
+}
+
+/// A process the test started, killed when the test ends however it ends.
+struct StrayProcess(std::process::Child);
+
+impl Drop for StrayProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// kubeadm restarts a static pod by moving its manifest out of the directory and back. The pod is

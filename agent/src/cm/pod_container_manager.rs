@@ -1,6 +1,6 @@
 //! Pod cgroups under per-QoS parents: created before the sandbox runs, removed after it is gone,
-//! listed for orphan cleanup (the kubelet's `pod_container_manager_linux.go` and
-//! `qos_container_manager_linux.go`, with `cgroupsPerQOS`).
+//! listed for orphan cleanup, processes of nothing the runtime reports killed (the kubelet's
+//! `pod_container_manager_linux.go` and `qos_container_manager_linux.go`, with `cgroupsPerQOS`).
 //!
 //! All operations are blocking filesystem calls on cgroupfs (a few `mkdir`/`rmdir` per hierarchy);
 //! callers on the async core run them with `spawn_blocking`.
@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use cgroups_rs::fs::Cgroup;
 use cgroups_rs::fs::hierarchies::{self, UNIFIED_MOUNTPOINT};
 use k8s_openapi::api::core::v1::Pod;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use super::CmError;
 use super::cgroup_name::{CgroupName, unescape_systemd};
@@ -256,6 +259,37 @@ impl PodContainerManager {
             self.remove(cgroup)?;
         }
         Ok(())
+    }
+
+    /// Sends SIGKILL to every process left in the pod cgroup and the cgroups below it, and returns
+    /// their pids: the kubelet's last resort before removing a pod cgroup, for processes of nothing
+    /// the runtime still reports. They are gone once the kernel has reaped them, so a
+    /// [`Self::destroy`] right after may still find them.
+    pub fn kill_processes(&self, uid: &PodUid, qos: QosClass) -> Result<Vec<u64>, CmError> {
+        if !self.cgroups_per_qos {
+            return Ok(Vec::new());
+        }
+        let relative = self.pod_cgroup_name(uid, qos).relative_path(self.driver);
+        let mut signalled = Vec::new();
+        for cgroup in &self.subtree(&relative)? {
+            for pid in self.processes(cgroup)? {
+                let Ok(raw) = i32::try_from(pid) else {
+                    continue;
+                };
+                match kill(Pid::from_raw(raw), Signal::SIGKILL) {
+                    // Already gone.
+                    Ok(()) | Err(Errno::ESRCH) => signalled.push(pid),
+                    Err(source) => {
+                        return Err(CmError::Io {
+                            action: "killing a process left in cgroup",
+                            path: PathBuf::from(format!("/{cgroup}")),
+                            source: source.into(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(signalled)
     }
 
     /// Relative paths of `relative` and every cgroup below it, in any hierarchy.

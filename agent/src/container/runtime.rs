@@ -53,6 +53,13 @@ pub struct RunningPod {
     pub containers: Vec<RunningContainer>,
 }
 
+impl RunningPod {
+    /// Whether the runtime has neither a sandbox nor a container of the pod here.
+    pub fn is_empty(&self) -> bool {
+        self.sandboxes.is_empty() && self.containers.is_empty()
+    }
+}
+
 /// Full status of one sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxStatus {

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::cm::{PodContainerManager, qos_class};
+use crate::cm::{CmError, PodContainerManager, qos_class};
 use crate::container::{PodStatus, PodUid, Runtime};
 use crate::events::{EventObject, EventType, Recorder};
 use crate::metrics::Metrics;
@@ -282,7 +282,7 @@ impl PodSyncer for KubeletSyncer {
         // A stopping pod is not restarted for a failing probe; readiness keeps reporting.
         self.probes.stop_liveness_and_startup(&uid_of(pod));
         let running = status.live_part();
-        if !running.containers.is_empty() || !running.sandboxes.is_empty() {
+        if !running.is_empty() {
             tracing::info!(pod = %pod_object(pod), "stopping pod");
             self.runtime
                 .kill_pod(Some(pod), &running, grace_period_override)
@@ -324,7 +324,16 @@ impl PodSyncer for KubeletSyncer {
         let (cgroups, owned_uid, qos) =
             (Arc::clone(&self.pod_cgroups), uid.clone(), qos_class(pod));
         on_blocking_pool("FailedDeletePodCgroup", move || {
-            cgroups.destroy(&owned_uid, qos)
+            let left = cgroups.destroy(&owned_uid, qos);
+            if let Err(CmError::HasProcesses { path, pids }) = &left {
+                // The pod worker read the runtime after the stop and found nothing live: these
+                // processes belong to nothing the runtime reports. Killed, the next try removes
+                // the cgroup.
+                tracing::warn!(uid = %owned_uid, cgroup = %path, ?pids,
+                    "killing processes left in the cgroup of a stopped pod");
+                cgroups.kill_processes(&owned_uid, qos)?;
+            }
+            left
         })
         .await?;
         if cleanup == Cleanup::Removed {

@@ -674,8 +674,7 @@ impl GenericPleg {
         let lagging = self.lagging_facts(uid, &status);
         self.overlay_kernel_exits(&mut status, start);
         let current = status.to_running_pod();
-        let current =
-            (!current.sandboxes.is_empty() || !current.containers.is_empty()).then_some(current);
+        let current = (!current.is_empty()).then_some(current);
 
         // A pod neither cached nor found is no change (a hint for a cgroup of no ringlet pod).
         let changed = self

@@ -273,9 +273,19 @@ fn creates_lists_and_destroys_real_pod_cgroups() {
         m.exists(&uid, QosClass::BestEffort),
         "nothing removed on error"
     );
+    // The last resort kills what is left, and names it.
+    assert_eq!(
+        m.kill_processes(&uid, QosClass::BestEffort)
+            .expect("kill the leftover"),
+        vec![u64::from(pid)]
+    );
     if let Some(mut child) = cleanup.child.take() {
-        child.kill().expect("kill sleep");
-        child.wait().expect("reap sleep");
+        let status = child.wait().expect("reap sleep");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL),
+            "the leftover was killed"
+        );
     }
 
     m.destroy(&uid, QosClass::BestEffort)
