@@ -47,7 +47,8 @@ pub enum WorkerPhase {
 /// An update for one pod.
 #[derive(Clone, Debug)]
 pub struct UpdatePodOptions {
-    pub pod: Pod,
+    /// The pod manager's copy, shared.
+    pub pod: Arc<Pod>,
     pub update_type: UpdateType,
     /// For kills: overrides the pod's termination grace period (seconds).
     pub grace_period_override: Option<i64>,
@@ -138,7 +139,7 @@ impl WorkQueue {
 }
 
 struct Worker {
-    pod: Pod,
+    pod: Arc<Pod>,
     update_type: UpdateType,
     phase: WorkerPhase,
     work_requested: bool,
@@ -184,9 +185,9 @@ pub enum Cleanup {
 
 /// What one step of a worker does, decided under the lock and performed outside it.
 enum Step {
-    Sync(Pod, UpdateType),
-    Terminate(Pod, Option<i64>),
-    CleanUp(Pod, Cleanup),
+    Sync(Arc<Pod>, UpdateType),
+    Terminate(Arc<Pod>, Option<i64>),
+    CleanUp(Arc<Pod>, Cleanup),
 }
 
 struct Shared {
@@ -281,7 +282,7 @@ impl PodWorkers {
                 worker_runs(Arc::clone(&self.shared), uid.clone(), Arc::clone(&wake)),
             );
             Worker {
-                pod: update.pod.clone(),
+                pod: Arc::clone(&update.pod),
                 update_type: update.update_type,
                 phase: WorkerPhase::Syncing,
                 work_requested: false,
@@ -385,7 +386,7 @@ fn next_step(workers: &mut HashMap<PodUid, Worker>, uid: &PodUid) -> Option<Step
     if worker.phase == WorkerPhase::Syncing && worker.kill.is_some() {
         worker.phase = WorkerPhase::Terminating;
     }
-    let pod = worker.pod.clone();
+    let pod = Arc::clone(&worker.pod);
     match worker.phase {
         WorkerPhase::Syncing => Some(Step::Sync(pod, worker.update_type)),
         WorkerPhase::Terminating => Some(Step::Terminate(
@@ -707,7 +708,7 @@ mod tests {
 
     fn update(name: &str, update_type: UpdateType) -> UpdatePodOptions {
         UpdatePodOptions {
-            pod: pod(name),
+            pod: Arc::new(pod(name)),
             update_type,
             grace_period_override: None,
             pod_removed: false,

@@ -407,7 +407,7 @@ impl Kubelet {
         );
     }
 
-    fn dispatch(&self, pod: Pod, update_type: UpdateType) {
+    fn dispatch(&self, pod: Arc<Pod>, update_type: UpdateType) {
         self.workers.update_pod(UpdatePodOptions {
             pod,
             update_type,
@@ -479,7 +479,7 @@ impl Kubelet {
     /// computed only the pod count is checked.
     fn admission_failure(&self, pod: &Pod) -> Option<Rejection> {
         let uid = pod_uid(pod);
-        let active: Vec<Pod> = self
+        let active: Vec<Arc<Pod>> = self
             .pods
             .pods()
             .into_iter()

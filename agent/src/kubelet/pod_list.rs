@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+use k8s_openapi::api::core::v1::Pod;
+
 use crate::container::PodUid;
 use crate::pod::{PodManager, VersionedPod};
 use crate::status::StatusManager;
@@ -53,7 +55,8 @@ impl PodListCache {
         let mut kept = HashMap::with_capacity(listed.len());
         for VersionedPod { uid, version, pod } in listed {
             let entry = match (pod, encoded.remove(&uid)) {
-                (Some(mut pod), _) => {
+                (Some(desired), _) => {
+                    let mut pod = Pod::clone(&desired);
                     pod.status = status.get_pod_status(&uid);
                     EncodedPod {
                         pod_version: version,

@@ -64,7 +64,7 @@ impl Kubelet {
                             pods.remove(&uid);
                         }
                         _ => {
-                            pods.insert(uid, pod);
+                            pods.insert(uid, Pod::clone(&pod));
                         }
                     }
                 }

@@ -38,7 +38,8 @@ use super::{PodManager, RuntimeState, pod_uid};
 pub fn pods_with_status(pods: &PodManager, status: &StatusManager) -> Vec<Pod> {
     pods.pods()
         .into_iter()
-        .map(|mut pod| {
+        .map(|desired| {
+            let mut pod = Pod::clone(&desired);
             if let Some(uid) = pod_uid(&pod) {
                 pod.status = status.get_pod_status(&uid);
             }
@@ -80,7 +81,7 @@ pub struct KubeletServerHost {
 
 impl KubeletServerHost {
     /// The desired pod a request names, checked against the UID when the path carries one.
-    fn desired_pod(&self, pod: &PodRef<'_>) -> Result<Pod, HostError> {
+    fn desired_pod(&self, pod: &PodRef<'_>) -> Result<Arc<Pod>, HostError> {
         self.pods
             .pods()
             .into_iter()

@@ -10,6 +10,7 @@
 //! `k8s.io/component-helpers/scheduling/corev1/nodeaffinity`. Reasons and messages are upstream's,
 //! so `kubectl describe` reads the same as on a kubelet node.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -144,7 +145,7 @@ type ResourceList = BTreeMap<String, i128>;
 /// critical pod (the kubelet's admission failure handler), device-plugin and DRA-backed resources,
 /// the allocated sizes of resized pods (`status` resources) and re-reading the node when only the
 /// affinity failed.
-pub fn admit(node: &Node, active_pods: &[Pod], pod: &Pod) -> Result<(), Rejection> {
+pub fn admit<P: Borrow<Pod>>(node: &Node, active_pods: &[P], pod: &Pod) -> Result<(), Rejection> {
     let no_spec;
     let spec = if let Some(spec) = &pod.spec {
         spec
@@ -158,6 +159,7 @@ pub fn admit(node: &Node, active_pods: &[Pod], pod: &Pod) -> Result<(), Rejectio
 
     let others: Vec<&Pod> = active_pods
         .iter()
+        .map(Borrow::borrow)
         .filter(|other| !is_same_pod(other, pod))
         .collect();
     check_resources(node, &others, spec)?;

@@ -24,13 +24,14 @@ pub struct PodManager {
 struct Inner {
     pods: HashMap<PodUid, Desired>,
     /// Mirror pods by (namespace, name).
-    mirrors: HashMap<(String, String), Pod>,
+    mirrors: HashMap<(String, String), Arc<Pod>>,
     /// The version the next upsert gives its pod.
     next_version: u64,
 }
 
 struct Desired {
-    pod: Pod,
+    /// Shared with the pod config's update that brought it and with the pod's worker.
+    pod: Arc<Pod>,
     /// New on every upsert and never given to another pod, so equal versions mean the same object.
     version: u64,
 }
@@ -39,7 +40,7 @@ struct Desired {
 pub struct VersionedPod {
     pub uid: PodUid,
     pub version: u64,
-    pub pod: Option<Pod>,
+    pub pod: Option<Arc<Pod>>,
 }
 
 /// The UID of a pod as the agent keys it; pods from the sources always carry one.
@@ -98,7 +99,8 @@ impl PodManager {
     }
 
     /// Adds or replaces a pod; mirror pods go to the mirror table.
-    pub fn upsert(&self, pod: Pod) {
+    pub fn upsert(&self, pod: impl Into<Arc<Pod>>) {
+        let pod = pod.into();
         if is_mirror_pod(&pod) {
             self.write().mirrors.insert(full_name(&pod), pod);
         } else if let Some(uid) = pod_uid(&pod) {
@@ -110,12 +112,12 @@ impl PodManager {
     }
 
     /// Removes a pod (or, for a mirror pod, that mirror).
-    pub fn remove_pod(&self, pod: &Pod) -> Option<Pod> {
+    pub fn remove_pod(&self, pod: &Pod) -> Option<Arc<Pod>> {
         if is_mirror_pod(pod) {
             let mut inner = self.write();
             let name = full_name(pod);
             // Only the mirror with this UID: a re-created mirror may already have replaced it.
-            if inner.mirrors.get(&name).map(pod_uid) == Some(pod_uid(pod)) {
+            if inner.mirrors.get(&name).map(|mirror| pod_uid(mirror)) == Some(pod_uid(pod)) {
                 return inner.mirrors.remove(&name);
             }
             return None;
@@ -123,23 +125,26 @@ impl PodManager {
         self.remove(&pod_uid(pod)?)
     }
 
-    pub fn remove(&self, uid: &PodUid) -> Option<Pod> {
+    pub fn remove(&self, uid: &PodUid) -> Option<Arc<Pod>> {
         self.write().pods.remove(uid).map(|desired| desired.pod)
     }
 
-    pub fn get(&self, uid: &PodUid) -> Option<Pod> {
-        self.read().pods.get(uid).map(|desired| desired.pod.clone())
+    pub fn get(&self, uid: &PodUid) -> Option<Arc<Pod>> {
+        self.read()
+            .pods
+            .get(uid)
+            .map(|desired| Arc::clone(&desired.pod))
     }
 
     /// Every desired pod, ordered by namespace and name so listings are stable.
-    pub fn pods(&self) -> Vec<Pod> {
-        let mut pods: Vec<Pod> = self
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        let mut pods: Vec<Arc<Pod>> = self
             .read()
             .pods
             .values()
-            .map(|desired| desired.pod.clone())
+            .map(|desired| Arc::clone(&desired.pod))
             .collect();
-        pods.sort_by(by_full_name);
+        pods.sort_by(|a, b| by_full_name(a, b));
         pods
     }
 
@@ -155,7 +160,7 @@ impl PodManager {
             .map(|(uid, desired)| VersionedPod {
                 uid: uid.clone(),
                 version: desired.version,
-                pod: wanted(uid, desired.version).then(|| desired.pod.clone()),
+                pod: wanted(uid, desired.version).then(|| Arc::clone(&desired.pod)),
             })
             .collect()
     }
@@ -174,12 +179,12 @@ impl PodManager {
 
     /// The mirror pod the API server holds under the static pod's namespace and name, whether or
     /// not its hash matches.
-    pub fn mirror_by_name(&self, static_pod: &Pod) -> Option<Pod> {
+    pub fn mirror_by_name(&self, static_pod: &Pod) -> Option<Arc<Pod>> {
         self.read().mirrors.get(&full_name(static_pod)).cloned()
     }
 
     /// Every mirror pod, and the static pod it mirrors when one is desired.
-    pub fn mirrors(&self) -> Vec<(Pod, Option<Pod>)> {
+    pub fn mirrors(&self) -> Vec<(Arc<Pod>, Option<Arc<Pod>>)> {
         let inner = self.read();
         inner
             .mirrors
@@ -197,7 +202,7 @@ impl PodManager {
     }
 
     /// The static pod a mirror pod stands for, if it is desired.
-    pub fn static_pod_of(&self, mirror: &Pod) -> Option<Pod> {
+    pub fn static_pod_of(&self, mirror: &Pod) -> Option<Arc<Pod>> {
         self.read()
             .pods
             .values()
@@ -208,11 +213,11 @@ impl PodManager {
 
     /// The object on the API server that carries the pod's status: the pod itself for an API pod,
     /// its mirror for a static pod (`None` while the mirror does not exist).
-    pub fn status_object(&self, uid: &PodUid) -> Option<Pod> {
+    pub fn status_object(&self, uid: &PodUid) -> Option<Arc<Pod>> {
         let inner = self.read();
         let pod = &inner.pods.get(uid)?.pod;
         if !is_static_pod(pod) {
-            return Some(pod.clone());
+            return Some(Arc::clone(pod));
         }
         inner
             .mirrors
@@ -284,19 +289,19 @@ mod tests {
         assert_eq!(pods.len(), 1, "a mirror is not a desired pod");
         assert_eq!(
             pods.status_object(&PodUid::from("s1"))
-                .and_then(|m| m.metadata.uid),
+                .and_then(|m| m.metadata.uid.clone()),
             Some("m1".to_owned())
         );
         assert_eq!(
             pods.static_pod_of(&mirror("m1", "etcd-n1", "s1"))
-                .and_then(|p| p.metadata.uid),
+                .and_then(|p| p.metadata.uid.clone()),
             Some("s1".to_owned())
         );
         let api = pod("a1", "web", &[(CONFIG_SOURCE_ANNOTATION, "api")]);
         pods.upsert(api);
         assert_eq!(
             pods.status_object(&PodUid::from("a1"))
-                .and_then(|p| p.metadata.uid),
+                .and_then(|p| p.metadata.uid.clone()),
             Some("a1".to_owned()),
             "an API pod carries its own status"
         );

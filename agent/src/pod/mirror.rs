@@ -74,7 +74,12 @@ impl MirrorPods {
             let uid = node.metadata.uid.clone()?;
             node.metadata.deletion_timestamp.is_none().then_some(uid)
         });
-        for pod in self.pods.pods().into_iter().filter(is_static_pod) {
+        for pod in self
+            .pods
+            .pods()
+            .into_iter()
+            .filter(|pod| is_static_pod(pod))
+        {
             let existing = self.pods.mirror_by_name(&pod);
             let current = existing.as_ref().is_some_and(|mirror| {
                 is_mirror_pod_of(mirror, &pod) && mirror.metadata.deletion_timestamp.is_none()

@@ -473,9 +473,9 @@ mod tests {
         )
     }
 
-    fn names(pods: &[Pod]) -> Vec<&str> {
+    fn names<P: std::borrow::Borrow<Pod>>(pods: &[P]) -> Vec<&str> {
         pods.iter()
-            .map(|p| p.metadata.name.as_deref().unwrap_or_default())
+            .map(|p| p.borrow().metadata.name.as_deref().unwrap_or_default())
             .collect()
     }
 

@@ -99,11 +99,12 @@ impl fmt::Display for PodSource {
     }
 }
 
-/// One notification from the merger: an operation on some pods of one source.
+/// One notification from the merger: an operation on some pods of one source. The pods are the
+/// merger's own copies, shared: the pod manager and the pod workers keep them, not copies of them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodUpdate {
     pub op: PodOperation,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<Arc<Pod>>,
     pub source: PodSource,
 }
 

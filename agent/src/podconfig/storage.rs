@@ -3,6 +3,7 @@
 //! kubelet's `pkg/kubelet/config/config.go`, incremental notification mode.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -12,8 +13,9 @@ use super::{CONFIG_SEEN_ANNOTATION, CONFIG_SOURCE_ANNOTATION, PodOperation, PodS
 
 #[derive(Default)]
 pub(super) struct PodStorage {
-    /// Per source that has delivered at least once: its pods in the order it sent them.
-    sources: HashMap<PodSource, Vec<Pod>>,
+    /// Per source that has delivered at least once: its pods in the order it sent them, shared with
+    /// the updates that carried them.
+    sources: HashMap<PodSource, Vec<Arc<Pod>>>,
 }
 
 fn uid(pod: &Pod) -> &str {
@@ -69,7 +71,7 @@ impl PodStorage {
     /// produces at least one (possibly empty) ADD, so the consumer learns the source has spoken.
     pub(super) fn merge(&mut self, source: PodSource, pods: Vec<Pod>) -> Vec<PodUpdate> {
         let first_set = !self.sources.contains_key(&source);
-        let mut old: Vec<Option<Pod>> = self
+        let mut old: Vec<Option<Arc<Pod>>> = self
             .sources
             .remove(&source)
             .unwrap_or_default()
@@ -100,7 +102,8 @@ impl PodStorage {
             let existing = old_index.get(uid(&pod)).and_then(|&i| old[i].take());
             let Some(mut existing) = existing else {
                 set_annotation(&mut pod, CONFIG_SEEN_ANNOTATION, now_rfc3339());
-                adds.push(pod.clone());
+                let pod = Arc::new(pod);
+                adds.push(Arc::clone(&pod));
                 current.push(pod);
                 continue;
             };
@@ -108,27 +111,28 @@ impl PodStorage {
                 if let Some(seen) = annotation(&existing, CONFIG_SEEN_ANNOTATION) {
                     set_annotation(&mut pod, CONFIG_SEEN_ANNOTATION, seen.clone());
                 }
+                let pod = Arc::new(pod);
                 if pod.metadata.deletion_timestamp.is_some() {
-                    deletes.push(pod.clone());
+                    deletes.push(Arc::clone(&pod));
                 } else {
-                    updates.push(pod.clone());
+                    updates.push(Arc::clone(&pod));
                 }
                 current.push(pod);
             } else {
                 if existing.status != pod.status {
-                    existing.status = pod.status;
-                    reconciles.push(existing.clone());
+                    Arc::make_mut(&mut existing).status = pod.status;
+                    reconciles.push(Arc::clone(&existing));
                 }
                 current.push(existing);
             }
         }
-        let removes: Vec<Pod> = old.into_iter().flatten().collect();
+        let removes: Vec<Arc<Pod>> = old.into_iter().flatten().collect();
         self.sources.insert(source, current);
 
         let signal_first_set =
             first_set && adds.is_empty() && updates.is_empty() && deletes.is_empty();
         let mut out = Vec::new();
-        let mut emit = |op, pods: Vec<Pod>, even_if_empty: bool| {
+        let mut emit = |op, pods: Vec<Arc<Pod>>, even_if_empty: bool| {
             if even_if_empty || !pods.is_empty() {
                 out.push(PodUpdate { op, pods, source });
             }
@@ -172,7 +176,7 @@ mod tests {
     fn ops(updates: &[PodUpdate]) -> Vec<(PodOperation, Vec<&str>)> {
         updates
             .iter()
-            .map(|u| (u.op, u.pods.iter().map(uid).collect()))
+            .map(|u| (u.op, u.pods.iter().map(|pod| uid(pod)).collect()))
             .collect()
     }
 

@@ -84,7 +84,7 @@ impl<S: PodDeletionSafety> StatusSyncer<S> {
             let live: Vec<PodUid> = snapshot
                 .iter()
                 .filter_map(|(uid, _, _)| self.pods.status_object(uid))
-                .filter_map(|target| target.metadata.uid.map(PodUid::from))
+                .filter_map(|target| target.metadata.uid.clone().map(PodUid::from))
                 .collect();
             self.synced.retain(|uid, _| live.contains(uid));
         }

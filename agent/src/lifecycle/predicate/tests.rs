@@ -10,6 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
 
+/// No pod admitted yet.
+const NO_PODS: &[Pod] = &[];
 const NODE: &str = "node-a";
 const GI: i128 = 1 << 30;
 const NANOS: i128 = 1_000_000_000;
@@ -210,7 +212,7 @@ fn a_pod_that_fits_is_admitted() {
 fn a_pod_requesting_nothing_needs_only_a_pod_slot() {
     let node = node(&[("pods", "1")]);
     assert_eq!(
-        admit(&node, &[], &pod("idle", vec![container("app", &[])])),
+        admit(&node, NO_PODS, &pod("idle", vec![container("app", &[])])),
         Ok(())
     );
 }
@@ -222,7 +224,7 @@ fn a_pod_without_a_spec_only_takes_a_slot() {
         spec: None,
         ..pod("bare", Vec::new())
     };
-    assert_eq!(admit(&node, &[], &bare), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &bare), Ok(()));
     assert_rejected(
         &node,
         &[requesting("other", &[])],
@@ -370,7 +372,7 @@ fn extended_resources_the_node_does_not_list_are_ignored() {
     let candidate = edit(candidate, |spec| {
         spec.init_containers = Some(vec![container("init", &[("vendor.io/fpga", "8")])]);
     });
-    assert_eq!(admit(&node, &[], &candidate), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &candidate), Ok(()));
     // A resource listed with zero is still listed.
     let mut zero = roomy_node();
     zero.status
@@ -394,7 +396,7 @@ fn resources_the_scheduler_does_not_track_are_ignored() {
     let node = node(&[("pods", "10")]);
     // "pods" in a container's requests and unprefixed unknown names are not counted.
     let candidate = requesting("c", &[("pods", "5"), ("storage", "1Gi")]);
-    assert_eq!(admit(&node, &[], &candidate), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &candidate), Ok(()));
     // A *kubernetes.io/ resource is, though it is not an extended resource.
     assert_rejected(
         &node,
@@ -534,7 +536,7 @@ fn a_malformed_allocatable_is_rejected_when_it_matters() {
         r#"invalid cpu quantity "four" in the node's allocatable"#,
     );
     assert_eq!(
-        admit(&bad_cpu, &[], &requesting("c", &[("memory", "0")])),
+        admit(&bad_cpu, NO_PODS, &requesting("c", &[("memory", "0")])),
         Ok(())
     );
     assert_eq!(
@@ -724,7 +726,7 @@ fn with_affinity(terms: Vec<NodeSelectorTerm>) -> Pod {
 }
 
 fn affinity_matches(terms: Vec<NodeSelectorTerm>) -> bool {
-    match admit(&roomy_node(), &[], &with_affinity(terms)) {
+    match admit(&roomy_node(), NO_PODS, &with_affinity(terms)) {
         Ok(()) => true,
         Err(rejection) => {
             assert_eq!(
@@ -754,7 +756,7 @@ fn node_selector_needs_every_label() {
     assert_eq!(
         admit(
             &node,
-            &[],
+            NO_PODS,
             &selecting(&[("zone", "a"), ("generation", "5")])
         ),
         Ok(())
@@ -907,8 +909,8 @@ fn a_pod_bound_to_another_node_is_rejected() {
         "NodeName",
         "Predicate NodeName failed: node(s) didn't match the requested node name",
     );
-    assert_eq!(admit(&node, &[], &bound(NODE)), Ok(()));
-    assert_eq!(admit(&node, &[], &bound("")), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &bound(NODE)), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &bound("")), Ok(()));
 }
 
 fn ports_fit(taken: (&str, &str), wanted: (&str, &str)) -> bool {
@@ -1010,7 +1012,7 @@ fn an_untolerated_no_execute_taint_rejects() {
             "NoExecute",
         )]);
     });
-    assert_eq!(admit(&node, &[], &tolerating), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &tolerating), Ok(()));
 }
 
 #[test]
@@ -1022,7 +1024,7 @@ fn no_schedule_and_prefer_no_schedule_taints_are_ignored() {
             taint("spot", "", "PreferNoSchedule"),
         ],
     );
-    assert_eq!(admit(&node, &[], &requesting("c", &[])), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &requesting("c", &[])), Ok(()));
 }
 
 #[test]
@@ -1042,7 +1044,7 @@ fn every_no_execute_taint_must_be_tolerated() {
         toleration("a", "Equal", "1", "NoExecute"),
         toleration("b", "", "2", ""),
     ]);
-    assert_eq!(admit(&node, &[], &both), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &both), Ok(()));
 }
 
 #[test]
@@ -1053,7 +1055,7 @@ fn static_pods_skip_the_taint_check() {
     );
     let mut manifest = requesting("etcd", &[]);
     manifest.metadata.annotations = Some(strings(&[("kubernetes.io/config.source", "file")]));
-    assert_eq!(admit(&node, &[], &manifest), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &manifest), Ok(()));
     let mut from_api = requesting("web", &[]);
     from_api.metadata.annotations = Some(strings(&[("kubernetes.io/config.source", "api")]));
     assert_eq!(rejected(&node, &[], &from_api).reason, "TaintToleration");
@@ -1102,7 +1104,7 @@ fn a_pod_for_another_os_is_rejected() {
         "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
     );
     labelled.metadata.labels = Some(strings(&[("kubernetes.io/os", "linux")]));
-    assert_eq!(admit(&node, &[], &labelled), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &labelled), Ok(()));
 
     let for_os = |name: &str| {
         edit(requesting("c", &[]), |spec| {
@@ -1118,7 +1120,7 @@ fn a_pod_for_another_os_is_rejected() {
         "PodOSNotSupported",
         "Failed to admit pod as the OS field doesn't match node OS",
     );
-    assert_eq!(admit(&node, &[], &for_os("linux")), Ok(()));
+    assert_eq!(admit(&node, NO_PODS, &for_os("linux")), Ok(()));
 }
 
 #[test]
@@ -1140,14 +1142,14 @@ fn strict_supplemental_groups_need_node_support() {
     supporting.status.as_mut().unwrap().features = Some(NodeFeatures {
         supplemental_groups_policy: Some(true),
     });
-    assert_eq!(admit(&supporting, &[], &strict), Ok(()));
+    assert_eq!(admit(&supporting, NO_PODS, &strict), Ok(()));
     let merge = edit(strict, |spec| {
         spec.security_context
             .as_mut()
             .unwrap()
             .supplemental_groups_policy = Some("Merge".to_owned());
     });
-    assert_eq!(admit(&roomy_node(), &[], &merge), Ok(()));
+    assert_eq!(admit(&roomy_node(), NO_PODS, &merge), Ok(()));
 }
 
 // --- order ---
