@@ -10,7 +10,9 @@
 //! ready), a failed stop or cleanup by the worker itself, since a removed pod is no longer in the
 //! pod manager the sync loop dispatches from; after an agent restart the state is rebuilt from the
 //! runtime. A worker that panics is reported unhealthy and run again (`crate::supervise`), redoing
-//! the step it was in on a fresh runtime read.
+//! the step it was in on a fresh runtime read. The cleanup's runtime read is always newer than the
+//! stop; where it still shows the pod live (a sandbox the stop's older read missed), the worker
+//! goes back to the stop instead of cleaning up around it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
