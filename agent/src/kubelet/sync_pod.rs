@@ -325,13 +325,13 @@ impl PodSyncer for KubeletSyncer {
             (Arc::clone(&self.pod_cgroups), uid.clone(), qos_class(pod));
         on_blocking_pool("FailedDeletePodCgroup", move || {
             let left = cgroups.destroy(&owned_uid, qos);
-            if let Err(CmError::HasProcesses { path, pids }) = &left {
+            if let Err(CmError::HasProcesses { .. }) = &left {
                 // The pod worker read the runtime after the stop and found nothing live: these
                 // processes belong to nothing the runtime reports. Killed, the next try removes
                 // the cgroup.
-                tracing::warn!(uid = %owned_uid, cgroup = %path, ?pids,
-                    "killing processes left in the cgroup of a stopped pod");
-                cgroups.kill_processes(&owned_uid, qos)?;
+                let killed = cgroups.kill_processes(&owned_uid, qos)?;
+                tracing::warn!(uid = %owned_uid, ?killed,
+                    "killed processes left in the cgroup of a stopped pod");
             }
             left
         })
