@@ -1,20 +1,23 @@
 //! The file source: static pod manifests in `--pod-manifest-path` (a directory, or one file). The
 //! directory is watched with inotify (through `notify`) so a change is picked up at once, and rescanned
 //! every `--file-check-frequency` as the safety net and to notice a directory that appears later.
+//! A scan follows an inotify event after a short debounce, or at once when a writer finished a file
+//! (closed it after writing, or renamed it into place); that early scan leaves files still being
+//! written for the scan at the debounce's end, so it never reads a manifest half-written.
 //! Each scan (listing, reading, decoding) runs on a blocking thread, off the agent's core; a file
 //! larger or deeper than a manifest may be is refused by name and the others still run. A file whose
 //! inode, size and times are as the last scan found them, last changed long enough ago, is not read
 //! again.
 //! Corresponds to the kubelet's `pkg/kubelet/config/file.go` (+ `file_linux.go`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
-use notify::event::{AccessKind, AccessMode};
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -31,7 +34,8 @@ use crate::error_chain::error_chain;
 use crate::events::Recorder;
 
 /// Editors and `cp` write a file in several steps; waiting this long after the first event lets one
-/// rescan see the finished file instead of every intermediate state.
+/// rescan see the finished file instead of every intermediate state. A writer that finishes a file
+/// sooner (it closes or renames it) ends the wait early.
 const DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// How long ago a file must have last changed for its [`Stamp`] to stand for its content. File
@@ -69,31 +73,52 @@ impl FileSource {
         // Capacity 1 and `try_send` make the channel a "something changed" flag: a burst of events
         // costs one rescan, and the watcher thread never blocks.
         let (wake_tx, mut wake_rx) = mpsc::channel(1);
-        let mut watch = Watch::new(self.path.clone(), wake_tx);
+        let finished = FinishedFiles::default();
+        let mut watch = Watch::new(self.path.clone(), wake_tx, finished.clone());
         let mut ticker = tokio::time::interval(period);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The end of the debounce an early scan cut short while files were still being written.
+        let mut pending: Option<tokio::time::Instant> = None;
         loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
+            let early = tokio::select! {
+                _ = ticker.tick() => false,
+                () = sleep_until_some(pending) => false,
                 Some(()) = wake_rx.recv() => {
-                    tokio::time::sleep(DEBOUNCE).await;
-                    while wake_rx.try_recv().is_ok() {}
+                    let deadline = tokio::time::Instant::now() + DEBOUNCE;
+                    let early = debounce(&mut wake_rx, &finished, deadline).await;
+                    if early {
+                        pending = Some(pending.map_or(deadline, |p| p.min(deadline)));
+                    }
+                    early
                 }
+            };
+            if !early {
+                pending = None;
             }
             // The scan reads and decodes files: blocking and CPU-bound work that must not stall the
             // agent's single-threaded core (a pathological manifest may take a while even within
             // the limits). The source and its watch travel to a blocking thread and back.
+            let finished = finished.clone();
             let scanned = tokio::task::spawn_blocking(move || {
                 // Watch before scanning, so a change made during the scan still wakes us.
                 watch.refresh();
-                let pods = self.scan();
-                (self, watch, pods)
+                // Taken by every scan: a file finished before a full scan may be written again.
+                let finished = finished.take();
+                let (pods, deferred) = if early {
+                    self.scan_finished(&finished, SystemTime::now())
+                } else {
+                    (self.scan(), false)
+                };
+                (self, watch, pods, deferred)
             })
             .await;
             let pods = match scanned {
-                Ok((source, refreshed, pods)) => {
+                Ok((source, refreshed, pods, deferred)) => {
                     self = source;
                     watch = refreshed;
+                    if early && !deferred {
+                        pending = None;
+                    }
                     pods
                 }
                 Err(err) => {
@@ -121,6 +146,30 @@ impl FileSource {
 
     /// [`Self::scan`] as if the clock read `now` (which decides whose stamps are settled).
     fn scan_at(&mut self, now: SystemTime) -> Option<Vec<Pod>> {
+        self.scan_with(now, |_| false).0
+    }
+
+    /// A scan before the debounce ended, because writers finished the files in `finished`: a file
+    /// changed within the debounce and not among them may still be being written, so its previous
+    /// content stands for now. Returns the set as [`Self::scan`] does, and whether a file was left
+    /// for later.
+    fn scan_finished(
+        &mut self,
+        finished: &HashSet<PathBuf>,
+        now: SystemTime,
+    ) -> (Option<Vec<Pod>>, bool) {
+        self.scan_with(now, |file| {
+            !finished.contains(file) && changed_within(file, DEBOUNCE, now)
+        })
+    }
+
+    /// [`Self::scan_at`], leaving the files `in_progress` picks at their previous content; also
+    /// returns whether it picked any.
+    fn scan_with(
+        &mut self,
+        now: SystemTime,
+        in_progress: impl Fn(&Path) -> bool,
+    ) -> (Option<Vec<Pod>>, bool) {
         let metadata = match std::fs::metadata(&self.path) {
             Ok(metadata) => metadata,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
@@ -129,7 +178,7 @@ impl FileSource {
                     self.missing_logged = true;
                 }
                 self.reporter.finish_scan(Vec::new());
-                return self.changed(Vec::new()).then(Vec::new);
+                return (self.changed(Vec::new()).then(Vec::new), false);
             }
             Err(source) => {
                 let err = PodConfigError::ReadManifest {
@@ -141,7 +190,7 @@ impl FileSource {
                 // The reporter saw this failure instead of the last set's problems: the next scan
                 // that reads the files returns its set and reports them again.
                 self.returned = None;
-                return None;
+                return (None, false);
             }
         };
         self.missing_logged = false;
@@ -153,7 +202,7 @@ impl FileSource {
                     self.reporter
                         .finish_scan(vec![file_problem(&self.path, &err, "")]);
                     self.returned = None;
-                    return None;
+                    return (None, false);
                 }
             }
         } else {
@@ -161,7 +210,15 @@ impl FileSource {
         };
 
         let mut previous = std::mem::take(&mut self.cache);
+        let mut deferred = false;
         for file in &files {
+            if in_progress(file) {
+                deferred = true;
+                if let Some(parsed) = previous.remove(file) {
+                    self.cache.insert(file.clone(), parsed);
+                }
+                continue;
+            }
             let parsed = self.read_file(file, &mut previous, now);
             self.cache.insert(file.clone(), parsed);
         }
@@ -171,18 +228,20 @@ impl FileSource {
             .map(|(file, parsed)| (file.clone(), parsed.digest.clone()))
             .collect();
         if !self.changed(listing) {
-            return None;
+            return (None, deferred);
         }
         let mut problems = Vec::new();
         let mut pods = Vec::new();
         for file in &files {
-            let parsed = &self.cache[file];
+            let Some(parsed) = self.cache.get(file) else {
+                continue;
+            };
             pods.extend(parsed.pods.iter().map(|pod| (object(file), pod.clone())));
             problems.extend(parsed.problems.iter().cloned());
         }
         let pods = drop_duplicates(pods, &mut problems);
         self.reporter.finish_scan(problems);
-        Some(pods)
+        (Some(pods), deferred)
     }
 
     /// Whether `listing` (files and digests) differs from the one behind the last set returned;
@@ -334,6 +393,89 @@ struct ParsedFile {
     problems: Vec<Problem>,
 }
 
+/// Waits out the debounce that an inotify wake started (until `deadline`), or less when a writer
+/// finished a file meanwhile; returns whether it ended early.
+async fn debounce(
+    wake: &mut mpsc::Receiver<()>,
+    finished: &FinishedFiles,
+    deadline: tokio::time::Instant,
+) -> bool {
+    loop {
+        if finished.any() {
+            while wake.try_recv().is_ok() {}
+            return true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                while wake.try_recv().is_ok() {}
+                return false;
+            }
+            Some(()) = wake.recv() => {}
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether `file`'s status (content, name or mode) changed less than `window` before `now`; a file
+/// that cannot be read counts as settled.
+fn changed_within(file: &Path, window: Duration, now: SystemTime) -> bool {
+    let Ok(metadata) = std::fs::metadata(file) else {
+        return false;
+    };
+    let changed_at = SystemTime::UNIX_EPOCH
+        + Duration::new(
+            u64::try_from(metadata.ctime()).unwrap_or(0),
+            u32::try_from(metadata.ctime_nsec()).unwrap_or(0),
+        );
+    now.duration_since(changed_at)
+        .map_or(true, |since| since < window)
+}
+
+/// The files whose writers finished them since the last early scan (closed after writing, or
+/// renamed into place), as the inotify watcher saw them. Cloneable; clones share the set.
+#[derive(Clone, Default)]
+struct FinishedFiles(std::sync::Arc<std::sync::Mutex<HashSet<PathBuf>>>);
+
+impl FinishedFiles {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn add(&self, files: impl IntoIterator<Item = PathBuf>) {
+        self.lock().extend(files);
+    }
+
+    fn any(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
+    fn take(&self) -> HashSet<PathBuf> {
+        std::mem::take(&mut *self.lock())
+    }
+}
+
+/// The files an inotify event says a writer finished: written and closed, or renamed into place.
+fn finished_by(event: &notify::Event) -> &[PathBuf] {
+    match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+        | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => &event.paths,
+        // A rename within the directory names the old path, then the new one.
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+            event.paths.get(1..).unwrap_or_default()
+        }
+        _ => &[],
+    }
+}
+
 fn object(file: &Path) -> String {
     format!("file/{}", file.display())
 }
@@ -383,15 +525,17 @@ fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, PodConfigError> {
 struct Watch {
     path: PathBuf,
     wake: mpsc::Sender<()>,
+    finished: FinishedFiles,
     /// The watcher and the identity (device, inode) of the directory it watches.
     current: Option<(RecommendedWatcher, (u64, u64))>,
 }
 
 impl Watch {
-    fn new(path: PathBuf, wake: mpsc::Sender<()>) -> Self {
+    fn new(path: PathBuf, wake: mpsc::Sender<()>, finished: FinishedFiles) -> Self {
         Self {
             path,
             wake,
+            finished,
             current: None,
         }
     }
@@ -423,6 +567,7 @@ impl Watch {
         }
         self.current = None;
         let wake = self.wake.clone();
+        let finished = self.finished.clone();
         let handler = move |event: notify::Result<notify::Event>| {
             let relevant = match &event {
                 // Its own reads during a rescan must not trigger another rescan.
@@ -442,6 +587,10 @@ impl Watch {
                 Err(_) => true,
             };
             if relevant {
+                if let Ok(event) = &event {
+                    // Recorded before the wake, so the woken source finds it.
+                    finished.add(finished_by(event).iter().cloned());
+                }
                 // Full means a rescan is already pending; that one will see this change too.
                 let _ = wake.try_send(());
             }
@@ -755,6 +904,94 @@ mod tests {
         );
         assert_eq!(recorder.recent().len(), 1);
         assert!(recorder.recent()[0].object.ends_with("b.yaml"));
+    }
+
+    #[test]
+    fn an_early_scan_reads_finished_files_and_leaves_the_others_at_their_last_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let (finished, in_progress, edited) = (
+            dir.path().join("a.yaml"),
+            dir.path().join("b.yaml"),
+            dir.path().join("c.yaml"),
+        );
+        std::fs::write(&edited, manifest("c", "i:1")).unwrap();
+        let (mut source, _) = source(dir.path());
+        let later = SystemTime::now() + DEBOUNCE * 2;
+        assert_eq!(names(&source.scan_at(later).unwrap()), ["c-node1"]);
+
+        std::fs::write(&finished, manifest("a", "i")).unwrap();
+        std::fs::write(&in_progress, manifest("b", "i")).unwrap();
+        std::fs::write(&edited, manifest("c", "i:2")).unwrap();
+        let (pods, deferred) =
+            source.scan_finished(&HashSet::from([finished.clone()]), SystemTime::now());
+        let pods = pods.unwrap();
+        assert!(deferred, "b and c may still be being written");
+        assert_eq!(names(&pods), ["a-node1", "c-node1"]);
+        assert_eq!(image(&pods[1..]), Some("i:1"), "c keeps its last content");
+
+        let pods = source.scan_at(SystemTime::now() + DEBOUNCE * 2).unwrap();
+        assert_eq!(names(&pods), ["a-node1", "b-node1", "c-node1"]);
+        assert_eq!(image(&pods[2..]), Some("i:2"));
+
+        let (pods, deferred) =
+            source.scan_finished(&HashSet::new(), SystemTime::now() + DEBOUNCE * 2);
+        assert!(!deferred, "nothing changed within the debounce");
+        assert!(pods.is_none(), "nor since the last set");
+    }
+
+    #[test]
+    fn a_writer_finishes_a_file_by_closing_it_or_renaming_it_into_place() {
+        use notify::event::{CreateKind, DataChange};
+        let event = |kind, paths: &[&str]| notify::Event {
+            kind,
+            paths: paths.iter().map(PathBuf::from).collect(),
+            attrs: notify::event::EventAttributes::default(),
+        };
+        let closed = event(
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            &["/m/a.yaml"],
+        );
+        assert_eq!(finished_by(&closed), [PathBuf::from("/m/a.yaml")]);
+        let moved_in = event(
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            &["/m/a.yaml"],
+        );
+        assert_eq!(finished_by(&moved_in), [PathBuf::from("/m/a.yaml")]);
+        let renamed = event(
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+            &["/m/.a.swp", "/m/a.yaml"],
+        );
+        assert_eq!(finished_by(&renamed), [PathBuf::from("/m/a.yaml")]);
+        for unfinished in [
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+        ] {
+            assert!(finished_by(&event(unfinished, &["/m/a.yaml"])).is_empty());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_debounce_ends_when_a_writer_finishes_a_file() {
+        let (wake, mut woken) = mpsc::channel(1);
+        let finished = FinishedFiles::default();
+        let start = tokio::time::Instant::now();
+        wake.try_send(()).unwrap();
+        assert!(
+            !debounce(&mut woken, &finished, start + DEBOUNCE).await,
+            "nothing finished: the whole debounce"
+        );
+        assert_eq!(start.elapsed(), DEBOUNCE);
+        assert!(woken.try_recv().is_err(), "the wakes it covered are taken");
+
+        let start = tokio::time::Instant::now();
+        finished.add([PathBuf::from("/m/a.yaml")]);
+        wake.try_send(()).unwrap();
+        assert!(debounce(&mut woken, &finished, start + DEBOUNCE).await);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(woken.try_recv().is_err());
+        assert_eq!(finished.take(), HashSet::from([PathBuf::from("/m/a.yaml")]));
+        assert!(!finished.any());
     }
 
     async fn next_set(rx: &mut mpsc::Receiver<SourceSet>) -> SourceSet {
