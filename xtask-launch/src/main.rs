@@ -8,9 +8,10 @@
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
 
-/// The Debian packages building the workspace needs beyond the Rust toolchain: clang and the libbpf
-/// headers for the eBPF programs (`ebpf/build.rs`), gcc and the C library's files to link.
-const BUILD_PACKAGES: &[&str] = &["clang", "libbpf-dev", "gcc", "libc6-dev"];
+/// The Debian packages building the workspace needs beyond what linking this launcher already
+/// needed (a C compiler and the C library's files): clang and the libbpf headers for the eBPF
+/// programs (`ebpf/build.rs`).
+const BUILD_PACKAGES: &[&str] = &["clang", "libbpf-dev"];
 
 fn main() -> ExitCode {
     let missing: Vec<&str> = BUILD_PACKAGES

@@ -80,21 +80,15 @@ impl FileSource {
         // The end of the debounce an early scan cut short while files were still being written.
         let mut pending: Option<tokio::time::Instant> = None;
         loop {
+            // `Some(end of its debounce)` for an early scan.
             let early = tokio::select! {
-                _ = ticker.tick() => false,
-                () = sleep_until_some(pending) => false,
+                _ = ticker.tick() => None,
+                () = sleep_until_some(pending) => None,
                 Some(()) = wake_rx.recv() => {
                     let deadline = tokio::time::Instant::now() + DEBOUNCE;
-                    let early = debounce(&mut wake_rx, &finished, deadline).await;
-                    if early {
-                        pending = Some(pending.map_or(deadline, |p| p.min(deadline)));
-                    }
-                    early
+                    debounce(&mut wake_rx, &finished, deadline).await.then_some(deadline)
                 }
             };
-            if !early {
-                pending = None;
-            }
             // The scan reads and decodes files: blocking and CPU-bound work that must not stall the
             // agent's single-threaded core (a pathological manifest may take a while even within
             // the limits). The source and its watch travel to a blocking thread and back.
@@ -104,7 +98,7 @@ impl FileSource {
                 watch.refresh();
                 // Taken by every scan: a file finished before a full scan may be written again.
                 let finished = finished.take();
-                let (pods, deferred) = if early {
+                let (pods, deferred) = if early.is_some() {
                     self.scan_finished(&finished, SystemTime::now())
                 } else {
                     (self.scan(), false)
@@ -116,9 +110,10 @@ impl FileSource {
                 Ok((source, refreshed, pods, deferred)) => {
                     self = source;
                     watch = refreshed;
-                    if early && !deferred {
-                        pending = None;
-                    }
+                    // Files left for later are read at the end of the earliest debounce they cut.
+                    pending = early
+                        .filter(|_| deferred)
+                        .map(|deadline| pending.map_or(deadline, |p| p.min(deadline)));
                     pods
                 }
                 Err(err) => {
@@ -364,12 +359,7 @@ impl Stamp {
     /// [`STAMP_SETTLED_AFTER`] before `now`; `None` when it is newer or cannot be read.
     fn settled(file: &Path, now: SystemTime) -> Option<Self> {
         let metadata = std::fs::metadata(file).ok()?;
-        let changed_at = SystemTime::UNIX_EPOCH
-            + Duration::new(
-                u64::try_from(metadata.ctime()).ok()?,
-                u32::try_from(metadata.ctime_nsec()).ok()?,
-            );
-        if now.duration_since(changed_at).ok()? < STAMP_SETTLED_AFTER {
+        if now.duration_since(changed_at(&metadata)?).ok()? < STAMP_SETTLED_AFTER {
             return None;
         }
         Some(Self {
@@ -400,19 +390,18 @@ async fn debounce(
     finished: &FinishedFiles,
     deadline: tokio::time::Instant,
 ) -> bool {
-    loop {
+    let early = loop {
         if finished.any() {
-            while wake.try_recv().is_ok() {}
-            return true;
+            break true;
         }
         tokio::select! {
-            () = tokio::time::sleep_until(deadline) => {
-                while wake.try_recv().is_ok() {}
-                return false;
-            }
+            () = tokio::time::sleep_until(deadline) => break false,
             Some(()) = wake.recv() => {}
         }
-    }
+    };
+    // The scan that follows sees every change these wakes stood for.
+    while wake.try_recv().is_ok() {}
+    early
 }
 
 /// Sleeps until `at`, or forever when there is nothing to wait for.
@@ -423,19 +412,24 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Whether `file`'s status (content, name or mode) changed less than `window` before `now`; a file
-/// that cannot be read counts as settled.
+/// When a file's status (content, name or mode) last changed: its ctime.
+fn changed_at(metadata: &std::fs::Metadata) -> Option<SystemTime> {
+    Some(
+        SystemTime::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(metadata.ctime()).ok()?,
+                u32::try_from(metadata.ctime_nsec()).ok()?,
+            ),
+    )
+}
+
+/// Whether `file`'s status changed less than `window` before `now` (a clock behind the file's time
+/// counts as just now); a file that cannot be read counts as settled.
 fn changed_within(file: &Path, window: Duration, now: SystemTime) -> bool {
-    let Ok(metadata) = std::fs::metadata(file) else {
-        return false;
-    };
-    let changed_at = SystemTime::UNIX_EPOCH
-        + Duration::new(
-            u64::try_from(metadata.ctime()).unwrap_or(0),
-            u32::try_from(metadata.ctime_nsec()).unwrap_or(0),
-        );
-    now.duration_since(changed_at)
-        .map_or(true, |since| since < window)
+    std::fs::metadata(file)
+        .ok()
+        .and_then(|metadata| changed_at(&metadata))
+        .is_some_and(|at| now.duration_since(at).map_or(true, |since| since < window))
 }
 
 /// The files whose writers finished them since the last early scan (closed after writing, or
