@@ -20,7 +20,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_POLL: Duration = Duration::from_millis(10);
 const RUNNING_POLL: Duration = Duration::from_millis(10);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
-const CLEANUP_TIMEOUT: Duration = Duration::from_mins(3);
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_mins(3);
 /// ebpf mode pins under one global bpffs directory: another agent's pins mean it is running.
 pub const PIN_DIR: &str = "/sys/fs/bpf/ringlet";
 const QUIET_WAIT: Duration = Duration::from_mins(15);
@@ -481,11 +481,23 @@ pub fn cleanup(manifests: &Path, namespace: &str) -> Result<Duration> {
 
 /// [`cleanup`] waiting at most `timeout` (a thousand pods take minutes to go).
 pub fn cleanup_within(manifests: &Path, namespace: &str, timeout: Duration) -> Result<Duration> {
+    cleanup_observed(manifests, namespace, timeout, |_| Ok(()))
+}
+
+/// [`cleanup_within`], calling `on_poll` with the time since the manifests went before each look
+/// at containerd.
+pub fn cleanup_observed(
+    manifests: &Path,
+    namespace: &str,
+    timeout: Duration,
+    mut on_poll: impl FnMut(Duration) -> Result<()>,
+) -> Result<Duration> {
     for entry in fs::read_dir(manifests)? {
         fs::remove_file(entry?.path())?;
     }
     let started = Instant::now();
     loop {
+        on_poll(started.elapsed())?;
         let left = runtime_containers(namespace)?;
         if left.is_empty() {
             let took = started.elapsed();
@@ -619,7 +631,8 @@ pub fn process_cpu_seconds(pid: u32) -> Result<f64> {
     Ok((field(14)? + field(15)?) / clock_ticks())
 }
 
-fn clock_ticks() -> f64 {
+/// Clock ticks per second (`_SC_CLK_TCK`), the unit of `/proc`'s CPU counters.
+pub fn clock_ticks() -> f64 {
     // SAFETY: sysconf takes a plain integer and touches no memory of ours.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     #[allow(clippy::cast_precision_loss)]

@@ -5,8 +5,9 @@
 //! idle CPU and RSS with no pods, then for each pod count all pods Running after writing the
 //! manifests (each start at that count, the exit rounds' fresh pods included), idle CPU and RSS
 //! and container exit → status on `/pods` (at the fewest and the most pods), and all containers
-//! gone after removing the manifests. Ratios against the kubelet and the issue 13 targets go to
-//! `bench/results/compare.{json,md,svg}`. With `--containerd 1.7` the lab runs trixie's
+//! gone after removing the manifests, with how busy the machine was and the agent's own share of
+//! that during each start and teardown (what bounds them). Ratios against the kubelet and the
+//! issue 13 targets go to `bench/results/compare.{json,md,svg}`. With `--containerd 1.7` the lab runs trixie's
 //! containerd, the kubelet runs with its `EventedPLEG` feature gate (1.7 has the CRI event stream
 //! it reads), and the results go to `compare-containerd-1.7.*`.
 
@@ -20,11 +21,12 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::benchkit::{
-    self, Agent, bench_pods, cleanup, free_port, fresh_run_dir, git_commit, now_utc, percentile,
-    process_cpu_seconds, rss_mib, runtime_containers, sleep_pod_manifest_on, time_exits,
-    wait_all_running,
+    self, Agent, CLEANUP_TIMEOUT, bench_pods, cleanup, cleanup_observed, free_port, fresh_run_dir,
+    git_commit, now_utc, percentile, process_cpu_seconds, rss_mib, runtime_containers,
+    sleep_pod_manifest_on, time_exits, wait_all_running,
 };
 use crate::kubelet_host::{HostGuard, containers_of_others, find_kubelet, spawn_standalone};
+use crate::machine_cpu::{PhaseCpu, Shares, Snapshot};
 use crate::{cmd, lab, workspace_root};
 
 const NAMESPACE: &str = "ringlet-bench-compare";
@@ -43,6 +45,17 @@ const RUNNING: &str = "all pods Running after writing the manifests";
 const TEARDOWN: &str = "all containers gone after removing the manifests";
 const CPU: &str = "idle CPU";
 const RSS: &str = "idle RSS";
+/// The metrics every agent has, compared with the kubelet's.
+const COMPARED: [&str; 5] = [EXIT, RUNNING, TEARDOWN, CPU, RSS];
+const START_BUSY: &str = "machine CPU busy while starting";
+const START_AGENT: &str = "agent CPU while starting";
+const TEARDOWN_BUSY: &str = "machine CPU busy in teardown after the grace period";
+const TEARDOWN_AGENT: &str = "agent CPU in teardown after the grace period";
+/// How much of all cores' time a phase used, the agent's part of it apart.
+const SHARE_UNIT: &str = "% of all cores";
+/// The bench pods' `terminationGracePeriodSeconds` (1) raised to the kubelet's 2 s minimum, which
+/// ringlet keeps too: `sleep` ignores SIGTERM as PID 1, so no container stops before it ends.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -275,6 +288,7 @@ fn run_side(
         manifests: &manifests,
         args,
         generation: 0,
+        start_cpu: Vec::new(),
         metrics: Vec::new(),
     };
     let measured = side.measure();
@@ -299,6 +313,8 @@ struct SideRun<'a> {
     args: &'a CompareArgs,
     /// Bumped for every new set of manifests, so a pod is never killed twice (no back-off).
     generation: usize,
+    /// What each start at the current pod count used.
+    start_cpu: Vec<Shares>,
     metrics: Vec<Metric>,
 }
 
@@ -317,10 +333,52 @@ impl SideRun<'_> {
                 starts.extend(self.exits(pods)?);
             }
             self.push(RUNNING, pods, "ms", starts);
-            let gone = benchkit::ms(cleanup(self.manifests, NAMESPACE)?);
-            self.push(TEARDOWN, pods, "ms", vec![gone]);
+            let shares = std::mem::take(&mut self.start_cpu);
+            self.push_shares(START_BUSY, START_AGENT, pods, &shares);
+            self.teardown(pods)?;
         }
         Ok(())
+    }
+
+    /// Removes the manifests and times until containerd holds none of the pods' containers; what
+    /// the machine and the agent used after the grace period is kept too.
+    fn teardown(&mut self, pods: usize) -> Result<()> {
+        let pid = self.agent.pid();
+        let mut phase = PhaseCpu::new(STOP_GRACE);
+        let gone = cleanup_observed(self.manifests, NAMESPACE, CLEANUP_TIMEOUT, |elapsed| {
+            phase.poll(elapsed, || Snapshot::take(pid))
+        })?;
+        let end = Snapshot::take(pid)?;
+        self.push(TEARDOWN, pods, "ms", vec![benchkit::ms(gone)]);
+        if let Some(shares) = phase
+            .later
+            .and_then(|after_grace| after_grace.shares_until(&end))
+        {
+            println!(
+                "teardown after the grace period: machine {:.0} % busy, the agent {:.1} %",
+                shares.machine_busy, shares.agent
+            );
+            self.push_shares(TEARDOWN_BUSY, TEARDOWN_AGENT, pods, &[shares]);
+        }
+        Ok(())
+    }
+
+    fn push_shares(&mut self, busy: &str, agent: &str, pods: usize, shares: &[Shares]) {
+        if shares.is_empty() {
+            return;
+        }
+        self.push(
+            busy,
+            pods,
+            SHARE_UNIT,
+            shares.iter().map(|s| s.machine_busy).collect(),
+        );
+        self.push(
+            agent,
+            pods,
+            SHARE_UNIT,
+            shares.iter().map(|s| s.agent).collect(),
+        );
     }
 
     fn wait_serving(&mut self) -> Result<()> {
@@ -342,6 +400,7 @@ impl SideRun<'_> {
     /// Writes `pods` fresh manifests; returns the time until all of them run, in ms.
     fn start_pods(&mut self, pods: usize) -> Result<f64> {
         self.generation += 1;
+        let before = Snapshot::take(self.agent.pid())?;
         let started = Instant::now();
         for i in 0..pods {
             let name = format!("cmp-{}-{i}", self.generation);
@@ -352,7 +411,17 @@ impl SideRun<'_> {
         }
         let running = wait_all_running(self.agent, self.port, pods, started, NAMESPACE)?;
         let all = running.values().copied().fold(0.0, f64::max);
-        println!("{} pods running after {:.1} s", pods, all / 1000.0);
+        let shares = before.shares_until(&Snapshot::take(self.agent.pid())?);
+        println!(
+            "{} pods running after {:.1} s{}",
+            pods,
+            all / 1000.0,
+            shares.map_or_else(String::new, |s| format!(
+                " (machine {:.0} % busy, the agent {:.1} %)",
+                s.machine_busy, s.agent
+            ))
+        );
+        self.start_cpu.extend(shares);
         Ok(all)
     }
 
@@ -432,7 +501,7 @@ fn find<'a>(metrics: &'a [Metric], agent: &str, name: &str, pods: usize) -> Opti
 fn ratios(metrics: &[Metric]) -> Vec<Ratio> {
     metrics
         .iter()
-        .filter(|m| m.agent != KUBELET)
+        .filter(|m| m.agent != KUBELET && COMPARED.contains(&m.name.as_str()))
         .filter_map(|m| {
             let k = find(metrics, KUBELET, &m.name, m.pods)?;
             Some(Ratio {
@@ -518,7 +587,7 @@ fn markdown(report: &Report) -> String {
         report.window_s,
         report.settle_s,
     );
-    for name in [EXIT, RUNNING, TEARDOWN, CPU, RSS] {
+    for name in COMPARED {
         let mut counts: Vec<usize> = report
             .metrics
             .iter()
@@ -546,7 +615,54 @@ fn markdown(report: &Report) -> String {
     }
     let _ = writeln!(out, "\n![exit → status CDF]({}.svg)", report.name());
     targets(&mut out, report);
+    cpu_shares(&mut out, report);
     out
+}
+
+/// What the machine and each agent used while pods started and went: where the machine is nearly
+/// always busy and the agent's part is small, the phase waits for the runtime's work, not the
+/// agent.
+fn cpu_shares(out: &mut String, report: &Report) {
+    let phases = [
+        ("start", START_BUSY, START_AGENT),
+        (
+            "teardown after the grace period",
+            TEARDOWN_BUSY,
+            TEARDOWN_AGENT,
+        ),
+    ];
+    if !report.metrics.iter().any(|m| m.name == START_BUSY) {
+        return;
+    }
+    let _ = write!(
+        out,
+        "\n## What the machine was busy with\n\n\
+         CPU time used during each phase, in % of all cores' time over the phase (`/proc/stat`): \
+         the whole machine / the agent's own (utime + stime). The rest of the busy time is the \
+         runtime's (`runc`, the shims, containerd), the containers' and the bench's. Teardown \
+         counts from the end of the {} s grace period, before which no `sleep` stops; start \
+         counts every start at that count (median).\n\n\
+         | phase | pods | ringlet-ebpf | ringlet-relist | kubelet |\n|---|---:|---:|---:|---:|\n",
+        STOP_GRACE.as_secs()
+    );
+    for (phase, busy, agent) in phases {
+        for &pods in &report.pods {
+            let cell = |side: &str| {
+                let get = |name| find(&report.metrics, side, name, pods).map(|m| m.median);
+                match (get(busy), get(agent)) {
+                    (Some(b), Some(a)) => format!("{b:.0} % / {a:.1} %"),
+                    _ => "–".to_owned(),
+                }
+            };
+            let _ = writeln!(
+                out,
+                "| {phase} | {pods} | {} | {} | {} |",
+                cell("ringlet-ebpf"),
+                cell("ringlet-relist"),
+                cell(KUBELET),
+            );
+        }
+    }
 }
 
 /// The issue 13 targets next to what this run measured.
@@ -780,6 +896,46 @@ mod tests {
             "| ebpf exit → status p99 ≥ 50× below the kubelet's at 10 pods | – | not measured |"
         ));
         assert!(md.contains("| 10 | ms | 2.0 / 4.0 | 400.0 / 900.0 | – | – | – |"));
+    }
+
+    #[test]
+    fn the_cpu_shares_get_their_own_table_and_no_ratio() {
+        let mut metrics = fixed();
+        for (agent, busy, own) in [("ringlet-ebpf", 97.0, 3.0), (KUBELET, 80.0, 12.5)] {
+            for pods in [10, 100] {
+                metrics.push(metric(
+                    agent,
+                    START_BUSY,
+                    pods,
+                    SHARE_UNIT,
+                    vec![busy, 90.0, 99.0],
+                ));
+                metrics.push(metric(
+                    agent,
+                    START_AGENT,
+                    pods,
+                    SHARE_UNIT,
+                    vec![own, 2.0, 50.0],
+                ));
+            }
+            metrics.push(metric(agent, TEARDOWN_BUSY, 100, SHARE_UNIT, vec![busy]));
+            metrics.push(metric(agent, TEARDOWN_AGENT, 100, SHARE_UNIT, vec![own]));
+        }
+        let report = report(metrics);
+        assert_eq!(report.ratios.len(), 2 * 11, "shares are not compared");
+        let md = markdown(&report);
+        assert!(md.contains("## What the machine was busy with"));
+        assert!(
+            md.contains("| start | 10 | 97 % / 3.0 % | – | 90 % / 12.5 % |"),
+            "{md}"
+        );
+        assert!(md.contains(
+            "| teardown after the grace period | 100 | 97 % / 3.0 % | – | 80 % / 12.5 % |"
+        ));
+        assert!(md.contains("| teardown after the grace period | 10 | – | – | – |"));
+        assert!(
+            !markdown(&super::tests::report(fixed())).contains("What the machine was busy with")
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod image;
 mod io_bench;
 mod kubelet_host;
 mod lab;
+mod machine_cpu;
 mod oci;
 mod pleg_bench;
 mod probe_bench;
