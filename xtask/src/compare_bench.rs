@@ -7,9 +7,9 @@
 //! and container exit → status on `/pods` (at the fewest and the most pods), and all containers
 //! gone after removing the manifests, with how busy the machine was and the agent's own share of
 //! that during each start and teardown (what bounds them). Ratios against the kubelet and the
-//! issue 13 targets go to `bench/results/compare.{json,md,svg}`. With `--containerd 1.7` the lab runs trixie's
-//! containerd, the kubelet runs with its `EventedPLEG` feature gate (1.7 has the CRI event stream
-//! it reads), and the results go to `compare-containerd-1.7.*`.
+//! issue 13 targets go to `bench/results/compare.{json,md,svg}`. With `--containerd 1.7` the lab
+//! runs trixie's containerd, the kubelet runs with its `EventedPLEG` feature gate (1.7 has the CRI
+//! event stream it reads), and the results go to `compare-containerd-1.7.*`.
 
 use std::fmt::Write as _;
 use std::fs;
