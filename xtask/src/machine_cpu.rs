@@ -2,7 +2,7 @@
 //! that anything used (`/proc/stat`), and the share the agent used (its utime + stime). A phase in
 //! which the machine is nearly always busy while the agent's share is small is bound by the work of
 //! the others (the runtime's `runc`, shims and containerd), not by waits in the agent; idle time
-//! in a phase is time that nothing could use.
+//! in a phase is time that nothing used.
 
 use std::fs;
 use std::time::Duration;
