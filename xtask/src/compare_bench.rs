@@ -623,6 +623,9 @@ fn markdown(report: &Report) -> String {
 /// always busy and the agent's part is small, the phase waits for the runtime's work, not the
 /// agent.
 fn cpu_shares(out: &mut String, report: &Report) {
+    if !report.metrics.iter().any(|m| m.name == START_BUSY) {
+        return;
+    }
     let phases = [
         ("start", START_BUSY, START_AGENT),
         (
@@ -631,9 +634,6 @@ fn cpu_shares(out: &mut String, report: &Report) {
             TEARDOWN_AGENT,
         ),
     ];
-    if !report.metrics.iter().any(|m| m.name == START_BUSY) {
-        return;
-    }
     let _ = write!(
         out,
         "\n## What the machine was busy with\n\n\
