@@ -29,6 +29,9 @@ pub struct ClusterNode {
     agent: Option<Agent>,
     /// With `in_cluster`: the service account files, removed after the agent stopped.
     _service_account: Option<ServiceAccountFiles>,
+    /// Held from before the node's old objects are deleted until the new ones are: another
+    /// process's agent may be running as this node (`localhost` is shared) until then.
+    _node_lock: crate::node_lock::NodeLock,
 }
 
 /// What a test may change about its node.
@@ -63,6 +66,7 @@ impl ClusterNode {
     pub fn start(test: &str, cluster: &Cluster, options: ClusterNodeOptions) -> Result<Self> {
         let namespace = name_for(test);
         let node = options.node.clone().unwrap_or_else(|| namespace.clone());
+        let node_lock = crate::node_lock::node_lock()?;
         cluster.prepare_namespace(&namespace)?;
         delete_node_objects(cluster, &node);
         let mut args = options.args;
@@ -122,6 +126,7 @@ impl ClusterNode {
             namespace,
             agent: Some(agent),
             _service_account: service_account,
+            _node_lock: node_lock,
         })
     }
 

@@ -48,7 +48,7 @@ impl Daemon {
             .parse()
             .with_context(|| format!("{} does not hold a pid: {text:?}", pid_file.display()))?;
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        Ok((comm.trim() == self.program && process_alive(pid)).then_some(pid))
+        Ok((comm.trim() == comm_name(self.program) && process_alive(pid)).then_some(pid))
     }
 
     /// Starts `binary args…` detached unless the daemon already answers, and waits until
@@ -186,6 +186,13 @@ impl Daemon {
     }
 }
 
+/// The kernel keeps the first 15 bytes of a program's name as the process name
+/// (`TASK_COMM_LEN` is 16 with the NUL): `kube-controller-manager` runs as `kube-controller`.
+fn comm_name(program: &str) -> &str {
+    const COMM_LEN: usize = 15;
+    program.get(..COMM_LEN).unwrap_or(program)
+}
+
 /// Sends `signal` to `pid`; whether it was delivered.
 pub fn signal(pid: u32, signal: i32) -> bool {
     let Ok(pid) = i32::try_from(pid) else {
@@ -209,5 +216,17 @@ fn remove_if_exists(path: &Path) -> Result<()> {
             Err(e).with_context(|| format!("removing {}", path.display()))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::comm_name;
+
+    #[test]
+    fn long_program_names_are_cut_to_the_kernels_process_name() {
+        assert_eq!(comm_name("kube-controller-manager"), "kube-controller");
+        assert_eq!(comm_name("kube-apiserver"), "kube-apiserver");
+        assert_eq!(comm_name("etcd"), "etcd");
     }
 }

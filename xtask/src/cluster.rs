@@ -5,6 +5,12 @@
 //! kubeadm would; every step is skipped when already done. The file layout is defined by
 //! `ringlet_tests::cluster`, through which the tests reach the control plane.
 //!
+//! With `--controllers` (what `cargo xtask conformance` needs) `up` also starts
+//! kube-controller-manager and kube-scheduler from the conformance folder
+//! (`../shared/conformance/setup.sh`): namespaces then get their service account and CA config
+//! maps, CSRs are signed, and pods without `spec.nodeName` are scheduled. Without it the tests'
+//! harness does that work itself, and nothing evicts a test's pods from a node that went away.
+//!
 //! The API server writes a Metadata-level audit log ([`AUDIT_LOG`]) of what node agents do, for
 //! `cargo xtask bench cluster` (server-side latency of status patches and lease renewals, requests
 //! per minute). An API server of ours that runs with other flags or an older audit policy (one
@@ -83,12 +89,24 @@ rules:
 
 const ETCD: Daemon = Daemon::new("etcd", CLUSTER_DIR);
 const APISERVER: Daemon = Daemon::new("kube-apiserver", CLUSTER_DIR);
+const CONTROLLER_MANAGER: Daemon = Daemon::new("kube-controller-manager", CLUSTER_DIR);
+const SCHEDULER: Daemon = Daemon::new("kube-scheduler", CLUSTER_DIR);
+/// Their secure ports' defaults; both serve `/healthz` to anyone.
+const CONTROLLER_MANAGER_PORT: u16 = 10257;
+const SCHEDULER_PORT: u16 = 10259;
+/// Every controller but those that need a cloud or a pod network of nodes' CIDRs.
+const CONTROLLERS: &str =
+    "*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller";
+const CONTROLLER_START_TIMEOUT: Duration = Duration::from_mins(1);
+/// The variable naming the folder with the conformance binaries (`setup.sh`'s own convention).
+const CONFORMANCE_ENV: &str = "CONFORMANCE_DIR";
 
 fn cluster_path(name: &str) -> PathBuf {
     Path::new(CLUSTER_DIR).join(name)
 }
 
-pub fn up() -> Result<()> {
+/// Brings the control plane up; with `controllers`, kube-controller-manager and kube-scheduler too.
+pub fn up(controllers: bool) -> Result<()> {
     cmd::ensure_root("the control plane")?;
     let binaries = Binaries::find()?;
     fs::create_dir_all(CLUSTER_DIR).with_context(|| format!("creating {CLUSTER_DIR}"))?;
@@ -100,6 +118,9 @@ pub fn up() -> Result<()> {
     start_etcd(&binaries.etcd)?;
     start_apiserver(&binaries.kube_apiserver)?;
     apply_objects(&token)?;
+    if controllers {
+        start_controllers(&run_conformance_setup()?)?;
+    }
     let cluster = Cluster::local();
     println!(
         "control plane is up: API server {}, admin kubeconfig {} (kubectl: {})",
@@ -112,8 +133,9 @@ pub fn up() -> Result<()> {
 
 pub fn down() -> Result<()> {
     cmd::ensure_root("the control plane")?;
-    // The API server first: it would log etcd errors while etcd is gone.
-    for daemon in [&APISERVER, &ETCD] {
+    // The API server's clients first, then the API server: it would log etcd errors while etcd
+    // is gone.
+    for daemon in [&SCHEDULER, &CONTROLLER_MANAGER, &APISERVER, &ETCD] {
         match daemon.stop(STOP_TIMEOUT)? {
             Some(pid) => println!("{} {pid} stopped", daemon.program),
             None => println!("no {} started by `cluster up` is running", daemon.program),
@@ -139,7 +161,7 @@ pub fn status() -> Result<()> {
     } else {
         println!("files in {CLUSTER_DIR}: MISSING {}", missing.join(", "));
     }
-    for daemon in [&ETCD, &APISERVER] {
+    for daemon in [&ETCD, &APISERVER, &CONTROLLER_MANAGER, &SCHEDULER] {
         match daemon.running_pid()? {
             Some(pid) => println!("{} started by `cluster up`: pid {pid}", daemon.program),
             None => println!("{} started by `cluster up`: none", daemon.program),
@@ -217,13 +239,40 @@ impl Binaries {
 /// Runs envtest's `setup.sh` (next to the workspace, else in the shared folder of this machine)
 /// and returns the folder it prints.
 pub(crate) fn run_envtest_setup() -> Result<PathBuf> {
+    run_shared_setup(
+        "envtest",
+        &format!("point {ASSETS_ENV} at a folder with kube-apiserver, kubectl and etcd"),
+    )
+}
+
+/// The folder with the conformance binaries (`e2e.test`, `ginkgo`, kube-controller-manager,
+/// kube-scheduler, agnhost): `$CONFORMANCE_DIR` when it holds them, else what the conformance
+/// `setup.sh` unpacks.
+pub(crate) fn run_conformance_setup() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(CONFORMANCE_ENV).filter(|v| !v.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.join("e2e.test").exists() {
+            return Ok(dir);
+        }
+    }
+    run_shared_setup(
+        "conformance",
+        &format!(
+            "point {CONFORMANCE_ENV} at a folder with e2e.test, ginkgo, kube-controller-manager, kube-scheduler and agnhost"
+        ),
+    )
+}
+
+/// Runs `<folder>/setup.sh` of the shared folder (next to the workspace, else this machine's)
+/// and returns the folder it prints; `otherwise` says what to do without one.
+fn run_shared_setup(folder: &str, otherwise: &str) -> Result<PathBuf> {
     let candidates = [
-        workspace_root().join("../shared/envtest/setup.sh"),
-        PathBuf::from("/work/shared/envtest/setup.sh"),
+        workspace_root().join(format!("../shared/{folder}/setup.sh")),
+        PathBuf::from(format!("/work/shared/{folder}/setup.sh")),
     ];
     let Some(setup) = candidates.iter().find(|c| c.exists()) else {
         bail!(
-            "{ASSETS_ENV} is not set and envtest's setup.sh is in neither {} nor {}: point {ASSETS_ENV} at a folder with kube-apiserver, kubectl and etcd",
+            "{folder}'s setup.sh is in neither {} nor {}: {otherwise}",
             candidates[0].display(),
             candidates[1].display()
         );
@@ -582,4 +631,64 @@ fn secret_data(entries: &[(&str, &str)]) -> serde_json::Value {
         .map(|(key, value)| ((*key).to_owned(), BASE64.encode(value).into()))
         .collect::<serde_json::Map<_, _>>()
         .into()
+}
+
+/// Starts kube-controller-manager and kube-scheduler from `folder` (unless they answer already),
+/// both as the admin, neither electing a leader.
+fn start_controllers(folder: &Path) -> Result<()> {
+    let file = |name: &str| cluster_path(name).display().to_string();
+    let controller_manager = [
+        format!("--kubeconfig={}", file(ADMIN_KUBECONFIG)),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--secure-port={CONTROLLER_MANAGER_PORT}"),
+        "--leader-elect=false".to_owned(),
+        format!("--controllers={CONTROLLERS}"),
+        format!("--root-ca-file={}", file(CA_CERT)),
+        format!("--service-account-private-key-file={}", file("sa.key")),
+        "--use-service-account-credentials=true".to_owned(),
+        format!("--cluster-signing-cert-file={}", file(CA_CERT)),
+        format!("--cluster-signing-key-file={}", file(CA_KEY)),
+    ];
+    CONTROLLER_MANAGER.start(
+        &folder.join("kube-controller-manager"),
+        &controller_manager,
+        || healthz_answers(CONTROLLER_MANAGER_PORT),
+        CONTROLLER_START_TIMEOUT,
+    )?;
+    let scheduler = [
+        format!("--kubeconfig={}", file(ADMIN_KUBECONFIG)),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--secure-port={SCHEDULER_PORT}"),
+        "--leader-elect=false".to_owned(),
+    ];
+    SCHEDULER.start(
+        &folder.join("kube-scheduler"),
+        &scheduler,
+        || healthz_answers(SCHEDULER_PORT),
+        CONTROLLER_START_TIMEOUT,
+    )
+}
+
+/// Stops kube-controller-manager and kube-scheduler when `up --controllers` started them; the API
+/// server and etcd stay.
+pub fn stop_controllers() -> Result<()> {
+    for daemon in [&SCHEDULER, &CONTROLLER_MANAGER] {
+        if let Some(pid) = daemon.stop(STOP_TIMEOUT)? {
+            println!("{} {pid} stopped", daemon.program);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a control-plane component answers `ok` on `/healthz` of its secure port on loopback
+/// (its certificate is self-signed: it is not checked).
+fn healthz_answers(port: u16) -> bool {
+    cmd::output(std::process::Command::new("curl").args([
+        "--silent",
+        "--insecure",
+        "--max-time",
+        "2",
+        &format!("https://127.0.0.1:{port}/healthz"),
+    ]))
+    .is_ok_and(|body| body.trim() == "ok")
 }

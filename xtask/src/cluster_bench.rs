@@ -216,7 +216,7 @@ pub fn cluster(args: &ClusterArgs) -> Result<()> {
     }
     lab::up()?;
     // Also (re)starts the API server with its audit log when an older `up` started it without.
-    cluster::up()?;
+    cluster::up(false)?;
     let root = workspace_root();
     let ringlet = benchkit::ringlet_binary(&root, args.binary.as_deref())?;
     let kubelet = find_kubelet();
@@ -301,7 +301,7 @@ fn other_agents(skip_bench_pods: bool) -> Result<Option<String>> {
 }
 
 /// Other ringlet and kubelet processes than `except`, described; `None` when there are none.
-fn agent_processes(except: Option<u32>) -> Option<String> {
+pub(crate) fn agent_processes(except: Option<u32>) -> Option<String> {
     let found: Vec<String> = fs::read_dir("/proc")
         .into_iter()
         .flatten()

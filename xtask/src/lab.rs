@@ -50,7 +50,8 @@ const PACKAGES: &[&str] = &[
 const CNI_CONFLIST: &str = "/etc/cni/net.d/10-ringlet-lab.conflist";
 const CONTAINERD_START_TIMEOUT: Duration = Duration::from_secs(30);
 const CONTAINERD_STOP_TIMEOUT: Duration = Duration::from_secs(15);
-const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const PATH_ENV: &str =
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const PAUSE_SOURCE: &str = include_str!("pause.c");
 /// The Debian suite whose containerd package is 1.7.
 const TRIXIE_SOURCE: &str = "deb http://deb.debian.org/debian trixie main";
@@ -76,7 +77,7 @@ impl Containerd {
     }
 }
 
-fn lab_path(name: &str) -> PathBuf {
+pub(crate) fn lab_path(name: &str) -> PathBuf {
     Path::new(LAB_DIR).join(name)
 }
 
@@ -199,7 +200,12 @@ fn package_installed(package: &str) -> bool {
 }
 
 fn install_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    ensure_packages(PACKAGES)
+}
+
+/// Installs those of Debian's `packages` that are missing.
+pub(crate) fn ensure_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !package_installed(p))
@@ -244,7 +250,7 @@ fn mount_kernel_filesystems() -> Result<()> {
 }
 
 /// Writes `contents` to `path` unless it already holds exactly that; says whether it wrote.
-fn write_if_changed(path: &Path, contents: &[u8]) -> Result<bool> {
+pub(crate) fn write_if_changed(path: &Path, contents: &[u8]) -> Result<bool> {
     if fs::read(path).is_ok_and(|old| old == contents) {
         return Ok(false);
     }
@@ -441,7 +447,7 @@ fn build_images() -> Result<Vec<BuiltImage>> {
         },
         BuiltImage {
             refs: vec![PAUSE_REF],
-            archive: pause_image()?,
+            archive: pause_image(&[PAUSE_REF])?,
         },
     ])
 }
@@ -489,30 +495,32 @@ fn busybox_image() -> Result<oci::Archive> {
     )
 }
 
-/// Compiles the pause program once; later runs reuse the binary while the source is unchanged.
-fn pause_binary() -> Result<Vec<u8>> {
-    let dir = lab_path("pause");
-    let source = dir.join("pause.c");
-    let binary = dir.join("pause");
-    if write_if_changed(&source, PAUSE_SOURCE.as_bytes())? || !binary.exists() {
+/// Compiles the C program `source` statically as `<lab>/<name>/<name>` once; later runs reuse the
+/// binary while the source is unchanged.
+pub(crate) fn static_binary(name: &str, source: &str) -> Result<Vec<u8>> {
+    let dir = lab_path(name);
+    let source_path = dir.join(format!("{name}.c"));
+    let binary = dir.join(name);
+    if write_if_changed(&source_path, source.as_bytes())? || !binary.exists() {
         cmd::run(
             Command::new("gcc")
                 .args(["-Os", "-static", "-s", "-o"])
                 .arg(&binary)
-                .arg(&source),
+                .arg(&source_path),
         )?;
         println!("built {}", binary.display());
     }
     fs::read(&binary).with_context(|| format!("reading {}", binary.display()))
 }
 
-fn pause_image() -> Result<oci::Archive> {
+/// The pause image (the lab's sandbox image) under `refs`.
+pub(crate) fn pause_image(refs: &[&str]) -> Result<oci::Archive> {
     let mut layer = Layer::new();
-    layer.file("pause", 0o755, &pause_binary()?)?;
+    layer.file("pause", 0o755, &static_binary("pause", PAUSE_SOURCE)?)?;
     oci::build(
         layer,
         &ImageSpec {
-            refs: &[PAUSE_REF],
+            refs,
             entrypoint: Some(&["/pause"]),
             cmd: None,
             env: &[PATH_ENV],
@@ -538,12 +546,18 @@ fn image_digests() -> Result<HashMap<String, String>> {
 
 fn import_images(images: &[BuiltImage]) -> Result<()> {
     for image in images {
-        let file_name = image.refs[0].replace(['/', ':'], "_") + ".oci.tar";
-        let path = lab_path("images").join(file_name);
-        write_if_changed(&path, &image.archive.tar)?;
-        import_archive(&image.refs, &image.archive.manifest_digest, &path)?;
+        import_image(&image.refs, &image.archive)?;
     }
     Ok(())
+}
+
+/// Keeps `archive` under the lab's `images/`, named after the first of `refs`, and imports it
+/// unless containerd already has it under every one of `refs`.
+pub(crate) fn import_image(refs: &[&str], archive: &oci::Archive) -> Result<()> {
+    let file_name = refs[0].replace(['/', ':'], "_") + ".oci.tar";
+    let path = lab_path("images").join(file_name);
+    write_if_changed(&path, &archive.tar)?;
+    import_archive(refs, &archive.manifest_digest, &path)
 }
 
 /// Imports the image-layout tar at `path` into the lab's containerd unless every one of `refs`

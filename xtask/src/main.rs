@@ -1,7 +1,7 @@
 //! `cargo xtask`: ringlet's developer tasks. `lab` prepares a real containerd on this machine,
 //! `cluster` a real Kubernetes control plane on loopback, `image` builds the agent's container
-//! image, `demo` runs the agent on example static pods, `test` runs every test tier, `bench`
-//! measures the agent.
+//! image, `demo` runs the agent on example static pods, `test` runs every test tier,
+//! `conformance` runs the Kubernetes e2e conformance specs against it, `bench` measures it.
 
 mod bench;
 mod benchkit;
@@ -9,6 +9,7 @@ mod cluster;
 mod cluster_bench;
 mod cmd;
 mod compare_bench;
+mod conformance;
 mod demo;
 mod density_bench;
 mod exit_chain;
@@ -63,6 +64,9 @@ enum Command {
     /// Run one target's property tests over and over with fresh seeds (the long form of the fuzzing
     /// that `cargo test` does with a fixed number of cases).
     Fuzz(fuzz::FuzzArgs),
+    /// Run the Kubernetes e2e conformance specs against ringlet and/or the upstream kubelet as
+    /// node `localhost` of a full control plane; results in bench/results/conformance.{json,md}.
+    Conformance(conformance::ConformanceArgs),
     /// Run a benchmark and write its results under bench/results/.
     Bench {
         #[command(subcommand)]
@@ -89,8 +93,12 @@ enum LabAction {
 #[derive(Subcommand)]
 enum ClusterAction {
     /// Generate the PKI, kubeconfigs and bootstrap token, start etcd and kube-apiserver.
-    Up,
-    /// Stop the kube-apiserver and etcd that `cluster up` started.
+    Up {
+        /// Also start kube-controller-manager and kube-scheduler (from the conformance folder).
+        #[arg(long)]
+        controllers: bool,
+    },
+    /// Stop what `cluster up` started (the scheduler, controller manager, kube-apiserver, etcd).
     Down,
     /// Show what runs and whether the API server is ready.
     Status,
@@ -125,7 +133,7 @@ fn main() -> Result<()> {
             LabAction::Status => lab::status(),
         },
         Command::Cluster { action } => match action {
-            ClusterAction::Up => cluster::up(),
+            ClusterAction::Up { controllers } => cluster::up(controllers),
             ClusterAction::Down => cluster::down(),
             ClusterAction::Status => cluster::status(),
         },
@@ -133,6 +141,7 @@ fn main() -> Result<()> {
         Command::Demo => demo::run(),
         Command::Test => test::run(),
         Command::Fuzz(args) => fuzz::fuzz(&args),
+        Command::Conformance(args) => conformance::conformance(&args),
         Command::Bench { bench } => match bench {
             Bench::Startup(args) => bench::startup(&args),
             Bench::Pleg(args) => pleg_bench::pleg(&args),

@@ -39,12 +39,20 @@ impl Layer {
     }
 
     pub fn dir(&mut self, path: &str, mode: u32) -> Result<()> {
+        self.dir_owned(path, mode, 0, 0)
+    }
+
+    /// A directory owned by `uid`:`gid` (a user's home), where [`Layer::dir`] gives root's.
+    pub fn dir_owned(&mut self, path: &str, mode: u32, uid: u64, gid: u64) -> Result<()> {
         let mut header = Self::header(tar::EntryType::Directory, mode, 0);
+        header.set_uid(uid);
+        header.set_gid(gid);
         self.tar
             .append_data(&mut header, path, std::io::empty())
             .with_context(|| format!("adding directory {path} to a layer"))
     }
 
+    /// A regular file; `mode` may carry the setuid bit (`0o4755`), which the runtime keeps.
     pub fn file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<()> {
         let mut header = Self::header(tar::EntryType::Regular, mode, data.len() as u64);
         self.tar
@@ -62,6 +70,24 @@ impl Layer {
     fn finish(self) -> Result<Vec<u8>> {
         self.tar.into_inner().context("finishing a layer tar")
     }
+
+    /// Finishes and compresses the layer, so several images can share it without compressing
+    /// it again (see [`build_shared`]).
+    pub fn compress(self) -> Result<CompressedLayer> {
+        let tar = self.finish()?;
+        let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+        gz.write_all(&tar).context("compressing a layer")?;
+        Ok(CompressedLayer {
+            diff_id: sha256(&tar),
+            gz: gz.finish().context("compressing a layer")?,
+        })
+    }
+}
+
+/// A finished layer: the digest of its tar (the config's diff id) and its gzip blob.
+pub struct CompressedLayer {
+    diff_id: String,
+    gz: Vec<u8>,
 }
 
 /// What the image runs and which names it is imported under.
@@ -119,11 +145,17 @@ fn descriptor(media_type: &str, blob: &[u8]) -> Value {
 
 /// Builds the image layout for `layer` described by `spec`.
 pub fn build(layer: Layer, spec: &ImageSpec<'_>) -> Result<Archive> {
-    let layer_tar = layer.finish()?;
-    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
-    gz.write_all(&layer_tar).context("compressing a layer")?;
-    let layer_gz = gz.finish().context("compressing a layer")?;
+    build_shared(&layer.compress()?, spec, None)
+}
 
+/// Builds the image layout for an already compressed `layer` described by `spec`, running as
+/// `user` (the config's `User`: a name or `uid[:gid]`) when given, else as the runtime's default
+/// (root).
+pub fn build_shared(
+    layer: &CompressedLayer,
+    spec: &ImageSpec<'_>,
+    user: Option<&str>,
+) -> Result<Archive> {
     let mut config = serde_json::Map::new();
     config.insert("Env".into(), json!(spec.env));
     if let Some(entrypoint) = spec.entrypoint {
@@ -132,18 +164,21 @@ pub fn build(layer: Layer, spec: &ImageSpec<'_>) -> Result<Archive> {
     if let Some(cmd) = spec.cmd {
         config.insert("Cmd".into(), json!(cmd));
     }
+    if let Some(user) = user {
+        config.insert("User".into(), json!(user));
+    }
     let config_blob = serde_json::to_vec(&json!({
         "architecture": oci_architecture(),
         "os": "linux",
         "config": config,
-        "rootfs": { "type": "layers", "diff_ids": [sha256(&layer_tar)] },
+        "rootfs": { "type": "layers", "diff_ids": [layer.diff_id] },
         "history": [{ "created_by": spec.created_by }],
     }))?;
     let manifest_blob = serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
         "config": descriptor("application/vnd.oci.image.config.v1+json", &config_blob),
-        "layers": [descriptor("application/vnd.oci.image.layer.v1.tar+gzip", &layer_gz)],
+        "layers": [descriptor("application/vnd.oci.image.layer.v1.tar+gzip", &layer.gz)],
     }))?;
     let manifests: Vec<Value> = spec
         .refs
@@ -172,7 +207,7 @@ pub fn build(layer: Layer, spec: &ImageSpec<'_>) -> Result<Archive> {
         ),
         ("index.json".to_owned(), index_blob),
     ];
-    for blob in [layer_gz, config_blob, manifest_blob] {
+    for blob in [layer.gz.clone(), config_blob, manifest_blob] {
         let digest = sha256(&blob);
         let hex = digest.trim_start_matches("sha256:");
         files.push((format!("blobs/sha256/{hex}"), blob));
@@ -271,6 +306,66 @@ mod tests {
         }
         assert!(seen.contains(&("tmp/".to_owned(), 0o1777)));
         assert!(seen.contains(&("bin/tool".to_owned(), 0o755)));
+    }
+
+    fn config_of(archive: &Archive) -> Value {
+        let files = entries(&archive.tar);
+        let manifest: Value =
+            serde_json::from_slice(blob(&files, &archive.manifest_digest)).unwrap();
+        serde_json::from_slice(blob(&files, manifest["config"]["digest"].as_str().unwrap()))
+            .unwrap()
+    }
+
+    #[test]
+    fn images_sharing_a_layer_differ_only_in_their_config() {
+        let mut layer = Layer::new();
+        layer.dir_owned("home/user/", 0o755, 1000, 1000).unwrap();
+        layer.file("bin/nnp", 0o4755, b"x").unwrap();
+        let layer = layer.compress().unwrap();
+        let spec = |refs| ImageSpec {
+            refs,
+            entrypoint: None,
+            cmd: Some(&["sh"]),
+            env: &[],
+            created_by: "test",
+        };
+        let root = build_shared(&layer, &spec(&["a:1"]), None).unwrap();
+        let user = build_shared(&layer, &spec(&["b:1"]), Some("1234")).unwrap();
+
+        let (root_config, user_config) = (config_of(&root), config_of(&user));
+        assert!(root_config["config"].get("User").is_none());
+        assert_eq!(user_config["config"]["User"], "1234");
+        assert_eq!(root_config["rootfs"], user_config["rootfs"]);
+        assert_ne!(root.manifest_digest, user.manifest_digest);
+
+        let files = entries(&user.tar);
+        let manifest: Value = serde_json::from_slice(blob(&files, &user.manifest_digest)).unwrap();
+        let layer_gz = blob(&files, manifest["layers"][0]["digest"].as_str().unwrap());
+        let mut layer_tar = Vec::new();
+        flate2::read::GzDecoder::new(layer_gz)
+            .read_to_end(&mut layer_tar)
+            .unwrap();
+        let mut archive = tar::Archive::new(layer_tar.as_slice());
+        let headers: Vec<(String, u32, u64)> = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    h.mode().unwrap(),
+                    h.uid().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                ("home/user/".to_owned(), 0o755, 1000),
+                ("bin/nnp".to_owned(), 0o4755, 0)
+            ]
+        );
     }
 
     #[test]

@@ -1,16 +1,19 @@
 //! `cargo xtask test`: the lints (`cargo fmt --check`, clippy with warnings as errors), the unit and
 //! component tiers, then the privileged tiers against the lab (the runtime manager's smoke tests on
-//! real containerd, the agent's container image, and the end-to-end suite, which shares one control
-//! plane for the whole run).
+//! real containerd, the agent's container image, the end-to-end suite, which shares one control
+//! plane for the whole run, and a fixed subset of the upstream e2e conformance specs).
 //! Every tier always runs, so one failing tier still shows the others' results.
 
 use anyhow::{Result, bail};
 
+use crate::conformance::{self, AgentChoice, ConformanceArgs, Suite};
 use crate::{cargo, cluster, image, lab, workspace_root};
 
 /// The end-to-end test files whose behaviour depends on the I/O engine: the engine's sockets under
 /// the kubelet API (TLS, exec and attach streams, log reads) and its selection and fallback.
 const ENGINE_SENSITIVE: &[&str] = &["io_engine", "kubelet_api"];
+/// ginkgo's parallel processes for CI's conformance subset.
+const CONFORMANCE_PROCS: u32 = 6;
 
 pub fn run() -> Result<()> {
     let root = workspace_root();
@@ -20,7 +23,10 @@ pub fn run() -> Result<()> {
     lab::up()?;
     // After the lab, which installs etcd-server.
     println!("== control plane");
-    cluster::up()?;
+    cluster::up(false)?;
+    // The end-to-end tests do the controllers' work themselves (and expect nothing else to);
+    // a conformance run that was killed may have left them running.
+    cluster::stop_controllers()?;
 
     println!("== lints");
     let formatted = cargo()
@@ -95,7 +101,20 @@ pub fn run() -> Result<()> {
         uring.args(["--test", test]);
     }
     end_to_end &= uring.args(["--", "--test-threads=1"]).status()?.success();
-    let privileged = smoke && image && end_to_end;
+    // Last, as it brings up the controller manager and scheduler the other tiers run without:
+    // the fixed subset of the upstream e2e suite (`cargo xtask conformance` runs all of it).
+    println!("== e2e conformance subset");
+    let conformance = conformance::conformance(&ConformanceArgs {
+        agent: AgentChoice::Ringlet,
+        suite: Suite::Ci,
+        focus: None,
+        skip: None,
+        procs: CONFORMANCE_PROCS,
+        ringlet: None,
+    })
+    .inspect_err(|err| println!("cargo xtask conformance --suite ci failed: {err:#}"))
+    .is_ok();
+    let privileged = smoke && image && end_to_end && conformance;
 
     let verdict = |ok: bool| if ok { "passed" } else { "FAILED" };
     println!(
