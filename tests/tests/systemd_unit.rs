@@ -225,9 +225,10 @@ fn count(lines: &[String], wanted: &str) -> usize {
     lines.iter().filter(|line| *line == wanted).count()
 }
 
-/// A pod running as user 1000 that writes into a private directory of a disk `emptyDir` (removed
-/// by the agent only with `CAP_DAC_OVERRIDE`) and into a `medium: Memory` one (a tmpfs the agent
-/// mounts with `CAP_SYS_ADMIN`).
+/// A pod running as user 1000 with `fsGroup` 2000 (the volumes' group, set by the agent only with
+/// `CAP_CHOWN`) that writes into a private directory of a disk `emptyDir` (removed by the agent
+/// only with `CAP_DAC_OVERRIDE`) and into a `medium: Memory` one (a tmpfs the agent mounts with
+/// `CAP_SYS_ADMIN`).
 const VOLUMES_POD: &str = r#"
 apiVersion: v1
 kind: Pod
@@ -235,7 +236,7 @@ metadata:
   name: volumes
 spec:
   terminationGracePeriodSeconds: 1
-  securityContext: {runAsUser: 1000}
+  securityContext: {runAsUser: 1000, fsGroup: 2000}
   containers:
   - name: main
     image: busybox

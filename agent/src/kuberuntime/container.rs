@@ -578,6 +578,23 @@ pub fn log_path(container: &str, restart_count: u32) -> String {
     format!("{container}/{restart_count}.log")
 }
 
+/// The pod's extra groups for its sandbox and every container (the kubelet's
+/// `determineEffectiveSecurityContext`): `fsGroup` first, so a container running as another user
+/// can use the volumes given that group, then `supplementalGroups`.
+pub fn supplemental_groups(pod: &Pod) -> Vec<i64> {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    pod_sc
+        .and_then(|s| s.fs_group)
+        .into_iter()
+        .chain(
+            pod_sc
+                .and_then(|s| s.supplemental_groups.clone())
+                .into_iter()
+                .flatten(),
+        )
+        .collect()
+}
+
 fn security_context(
     container: &Container,
     pod: &Pod,
@@ -607,9 +624,7 @@ fn security_context(
         readonly_rootfs: sc
             .and_then(|s| s.read_only_root_filesystem)
             .unwrap_or(false),
-        supplemental_groups: pod_sc
-            .and_then(|s| s.supplemental_groups.clone())
-            .unwrap_or_default(),
+        supplemental_groups: supplemental_groups(pod),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
         ..cri::LinuxContainerSecurityContext::default()
     }
@@ -928,6 +943,27 @@ mod tests {
         assert_eq!(config.image.unwrap().image, "sha256:abc");
         assert_eq!(config.labels[labels::POD_UID], "u-1");
         assert_eq!(labels::restart_count(&config.annotations), 2);
+    }
+
+    #[test]
+    fn the_fs_group_joins_the_containers_groups_first() {
+        let c = Container {
+            name: "app".into(),
+            ..Container::default()
+        };
+        let mut pod = pod_with(vec![c.clone()]);
+        let groups = |pod: &Pod| {
+            security_context(&c, pod, cri::NamespaceOption::default()).supplemental_groups
+        };
+        assert!(groups(&pod).is_empty());
+        pod.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(
+            serde_json::json!({"fsGroup": 2000, "runAsUser": 1001, "supplementalGroups": [5, 6]}),
+        )
+        .unwrap());
+        assert_eq!(groups(&pod), [2000, 5, 6]);
+        pod.spec.as_mut().unwrap().security_context =
+            Some(serde_json::from_value(serde_json::json!({"supplementalGroups": [7]})).unwrap());
+        assert_eq!(groups(&pod), [7]);
     }
 
     fn env_container(json: serde_json::Value) -> Container {

@@ -176,9 +176,7 @@ pub fn sandbox_config(
                 run_as_group: pod_sc
                     .and_then(|s| s.run_as_group)
                     .map(|value| cri::Int64Value { value }),
-                supplemental_groups: pod_sc
-                    .and_then(|s| s.supplemental_groups.clone())
-                    .unwrap_or_default(),
+                supplemental_groups: super::container::supplemental_groups(pod),
                 privileged,
                 ..cri::LinuxSandboxSecurityContext::default()
             }),
@@ -196,7 +194,7 @@ pub fn sandbox_config(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec};
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSecurityContext, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn pod(host_network: bool) -> Pod {
@@ -248,6 +246,19 @@ mod tests {
         assert_eq!(ns.network(), cri::NamespaceMode::Pod);
         assert_eq!(ns.pid(), cri::NamespaceMode::Container);
         assert!(labels::is_managed(&config.labels));
+    }
+
+    #[test]
+    fn the_fs_group_comes_first_in_the_sandboxs_groups() {
+        let mut p = pod(false);
+        p.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            fs_group: Some(2000),
+            supplemental_groups: Some(vec![5, 6]),
+            ..PodSecurityContext::default()
+        });
+        let config = sandbox_config(&p, "node1", 0, Path::new("/l"), String::new()).unwrap();
+        let context = config.linux.unwrap().security_context.unwrap();
+        assert_eq!(context.supplemental_groups, [2000, 5, 6]);
     }
 
     #[test]

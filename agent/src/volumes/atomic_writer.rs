@@ -9,18 +9,24 @@
 //! ```
 //!
 //! A write compares the payload with the current version and does nothing when they match; else it
-//! writes a new timestamped directory, points `..data_tmp` at it and renames that over `..data`,
-//! adds links for new names, removes links for names that went away, and removes the old version
-//! and any other timestamped directory a crash left behind. Paths are checked before anything is
+//! writes a new timestamped directory, gives the whole volume the pod's `fsGroup` when it has one
+//! (the plugins' `setPerms`, before anything is published), points `..data_tmp` at the new
+//! directory and renames that over `..data`, adds links for new names, removes links for names that
+//! went away, and removes the old version and any other timestamped directory a crash left behind. Paths are checked before anything is
 //! written: relative, no `..` element, not starting with `..` (the writer's own names), at most 4096
 //! characters with names of at most 255, so nothing lands outside the volume.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{
+    DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::ownership::{Ownership, OwnershipError};
+use super::removeall::{RemoveError, remove_all_one_filesystem};
 
 /// The link to the current version.
 pub const DATA_DIR: &str = "..data";
@@ -55,6 +61,10 @@ pub enum AtomicWriteError {
         #[source]
         source: io::Error,
     },
+    #[error(transparent)]
+    Ownership(#[from] OwnershipError),
+    #[error("removing the old version")]
+    Remove(#[source] RemoveError),
 }
 
 fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> AtomicWriteError {
@@ -132,9 +142,14 @@ fn clean_payload(payload: &Payload) -> Result<BTreeMap<String, &FileProjection>,
     Ok(clean)
 }
 
-/// Projects `payload` into `target` (which must exist). Returns whether a new version was written;
-/// an unchanged payload only makes sure the user-visible links exist.
-pub fn write(target: &Path, payload: &Payload) -> Result<bool, AtomicWriteError> {
+/// Projects `payload` into `target` (which must exist), with `ownership` for the pod's `fsGroup`.
+/// Returns whether a new version was written; an unchanged payload only makes sure the
+/// user-visible links exist.
+pub fn write(
+    target: &Path,
+    payload: &Payload,
+    ownership: Option<Ownership>,
+) -> Result<bool, AtomicWriteError> {
     let payload = clean_payload(payload)?;
     let data_dir = target.join(DATA_DIR);
     let old_version = match fs::read_link(&data_dir) {
@@ -147,15 +162,19 @@ pub fn write(target: &Path, payload: &Payload) -> Result<bool, AtomicWriteError>
     if let Some(old) = &old_version {
         let old_dir = target.join(old);
         to_remove = paths_to_remove(&payload, &old_dir)?;
-        changed = !to_remove.is_empty() || differs(&payload, &old_dir)?;
+        changed = !to_remove.is_empty() || differs(&payload, &old_dir, ownership)?;
     }
     let mut new_version = None;
     if changed {
         let version = new_version_dir(target)?;
         let dir = target.join(&version);
-        let published = write_files(&payload, &dir).and_then(|()| publish(target, &version));
+        // This may be the volume's first version: the ownership is set on all of it, not only on
+        // the new directory.
+        let published = write_files(&payload, &dir)
+            .and_then(|()| ownership.map_or(Ok(()), |o| Ok(o.apply(target)?)))
+            .and_then(|()| publish(target, &version));
         if let Err(err) = published {
-            let _ = fs::remove_dir_all(&dir);
+            let _ = remove_all_one_filesystem(&dir);
             return Err(err);
         }
         new_version = Some(version);
@@ -168,10 +187,12 @@ pub fn write(target: &Path, payload: &Payload) -> Result<bool, AtomicWriteError>
     Ok(changed)
 }
 
-/// Whether any file of the payload is missing from `old_dir` or differs in content or mode.
+/// Whether any file of the payload is missing from `old_dir` or differs in content or mode (the
+/// mode `ownership` gives it), or in group.
 fn differs(
     payload: &BTreeMap<String, &FileProjection>,
     old_dir: &Path,
+    ownership: Option<Ownership>,
 ) -> Result<bool, AtomicWriteError> {
     for (path, file) in payload {
         let full = old_dir.join(path);
@@ -180,7 +201,9 @@ fn differs(
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(true),
             Err(err) => return Err(io_error("reading", &full)(err)),
         };
-        if !metadata.is_file() || metadata.permissions().mode() & 0o7777 != file.mode {
+        let mode = ownership.map_or(file.mode, |o| o.mode_of(file.mode, false));
+        let group_differs = ownership.is_some_and(|o| metadata.gid() != o.gid);
+        if !metadata.is_file() || metadata.permissions().mode() & 0o7777 != mode || group_differs {
             return Ok(true);
         }
         if fs::read(&full).map_err(io_error("reading", &full))? != file.data {
@@ -340,8 +363,7 @@ fn remove_stale_versions(target: &Path, current: &str) -> Result<(), AtomicWrite
         let Some(name) = name.to_str() else { continue };
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
         if name.starts_with("..") && name != current && is_dir {
-            let path = entry.path();
-            fs::remove_dir_all(&path).map_err(io_error("removing the old version", &path))?;
+            remove_all_one_filesystem(&entry.path()).map_err(AtomicWriteError::Remove)?;
         }
     }
     Ok(())
@@ -354,6 +376,11 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
+
+    /// A write without `fsGroup`.
+    fn write(target: &Path, payload: &Payload) -> Result<bool, AtomicWriteError> {
+        super::write(target, payload, None)
+    }
 
     fn file(data: &str, mode: u32) -> FileProjection {
         FileProjection {
@@ -492,6 +519,41 @@ mod tests {
         assert!(
             matches!(err, AtomicWriteError::FileAndDirectory { .. }),
             "{err}"
+        );
+    }
+
+    /// Needs root (a chown to any group). The kubelet's modes for a read-only volume with an
+    /// `fsGroup`: files get group read, directories group search and setgid; the next write of the
+    /// same payload sees those modes as its own and writes nothing.
+    #[test]
+    fn an_fs_group_owns_every_version_before_it_is_published() {
+        if !rustix::process::geteuid().is_root() {
+            crate::testing::skip(
+                "an_fs_group_owns_every_version_before_it_is_published",
+                "chown to another group needs root",
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path();
+        fs::set_permissions(target, fs::Permissions::from_mode(0o700)).unwrap();
+        let ownership = Some(Ownership {
+            gid: 4321,
+            read_only: true,
+        });
+        let mut files = payload(&[("a", "1"), ("sub/b", "2")]);
+        files.get_mut("sub/b").unwrap().mode = 0o400;
+        assert!(super::write(target, &files, ownership).unwrap());
+        let meta = |p: &str| fs::metadata(target.join(p)).unwrap();
+        let owned = |p: &str| (meta(p).gid(), meta(p).permissions().mode() & 0o7777);
+        assert_eq!(owned("a"), (4321, 0o644), "-rw-r--r--");
+        assert_eq!(owned("sub/b"), (4321, 0o440), "-r--r-----");
+        assert_eq!(owned("sub"), (4321, 0o2755));
+        assert_eq!(owned(DATA_DIR), (4321, 0o2755));
+        assert_eq!(owned("."), (4321, 0o2750), "the volume root too");
+        assert!(
+            !super::write(target, &files, ownership).unwrap(),
+            "the modes the group added are no change"
         );
     }
 

@@ -15,15 +15,25 @@
 //!   the watch-based managers of [`crate::objects`], tokens from [`crate::token`]; without an API
 //!   server, volumes that need one fail with a message that says so.
 //!
-//! Everything is removed (tmpfs unmounted first) when the pod is removed; pod directories no pod
-//! owns any more (a pod deleted while the agent was down) are removed by housekeeping. File work
-//! runs on the blocking pool, never on the agent's core thread. [`PodVolumes`] turns a container's
-//! `volumeMounts` (with `subPath`, confined to the volume) into CRI mounts; API-backed volumes are
-//! always mounted read-only, as the kubelet mounts them.
+//! With the pod's `fsGroup`, a volume's files get the group ([`ownership`]): an emptyDir (and the
+//! directory under every other volume) when it is first set up, the API volumes whenever a new
+//! version of their files is written. A volume set up once is marked ready
+//! (`<pod dir>/plugins/kubernetes.io~empty-dir/<name>/ready`, the kubelet's place), so later syncs
+//! leave the modes and groups its containers gave its files alone.
+//!
+//! Everything is removed (subPath binds and tmpfs unmounted first) when the pod is removed; pod
+//! directories no pod owns any more (a pod deleted while the agent was down) are removed by
+//! housekeeping. Removal never crosses into another mount ([`removeall`]). File work runs on the
+//! blocking pool, never on the agent's core thread. [`PodVolumes`] turns a container's
+//! `volumeMounts` into CRI mounts, a `subPath` through a bind mount a container cannot redirect
+//! ([`subpath`]); API-backed volumes are always mounted read-only, as the kubelet mounts them.
 
 mod atomic_writer;
 mod mounter;
+mod ownership;
 mod projection;
+mod removeall;
+mod subpath;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
@@ -34,7 +44,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, DownwardAPIVolumeSource, EmptyDirVolumeSource, HostPathVolumeSource,
-    Node, Pod, ProjectedVolumeSource, Secret, Volume,
+    Node, Pod, ProjectedVolumeSource, Secret, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ringlet_proto::runtime::v1::{Mount, MountPropagation};
@@ -42,13 +52,18 @@ use tokio::sync::watch;
 
 pub use atomic_writer::{AtomicWriteError, DATA_DIR};
 pub use mounter::{Mounter, SystemMounter};
+pub use ownership::OwnershipError;
 pub use projection::ProjectionError;
+pub use removeall::RemoveError;
+pub use subpath::SubPathError;
 
 use crate::cm::parse_quantity;
 use crate::container::PodUid;
 use crate::objects::{ApiObjects, ObjectError};
 use crate::token::{TokenError, TokenSpec};
 use atomic_writer::Payload;
+use ownership::Ownership;
+use removeall::remove_all_one_filesystem;
 
 const VOLUMES_DIR: &str = "volumes";
 const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
@@ -56,6 +71,11 @@ const CONFIG_MAP_PLUGIN: &str = "kubernetes.io~configmap";
 const SECRET_PLUGIN: &str = "kubernetes.io~secret";
 const PROJECTED_PLUGIN: &str = "kubernetes.io~projected";
 const DOWNWARD_API_PLUGIN: &str = "kubernetes.io~downward-api";
+/// Where the plugins keep what they know of a pod's volumes (the ready markers).
+const PLUGINS_DIR: &str = "plugins";
+const READY_FILE: &str = "ready";
+/// A token's mode when the pod has an `fsGroup`, before the group's read is added.
+const TOKEN_MODE_WITH_FS_GROUP: i32 = 0o600;
 /// emptyDir and the disk-backed API volumes are world-writable like upstream's, so non-root
 /// containers can use them (API volumes are mounted read-only into containers).
 const EMPTY_DIR_MODE: u32 = 0o777;
@@ -141,6 +161,31 @@ pub enum VolumeError {
         sub_path: String,
         why: &'static str,
     },
+    /// The kubelet's words, which name no host path: the cause is in the source, for the log.
+    #[error(
+        "failed to create subPath directory for volumeMount {volume:?} of container {container:?}"
+    )]
+    SubPathCreate {
+        container: String,
+        volume: String,
+        #[source]
+        source: SubPathError,
+    },
+    #[error("failed to prepare subPath for volumeMount {volume:?} of container {container:?}")]
+    SubPathPrepare {
+        container: String,
+        volume: String,
+        #[source]
+        source: SubPathError,
+    },
+    #[error("volume {volume:?}: fsGroup {fs_group} is not a valid group id")]
+    InvalidFsGroup { volume: String, fs_group: i64 },
+    #[error("volume {volume:?}")]
+    Ownership {
+        volume: String,
+        #[source]
+        source: OwnershipError,
+    },
     #[error(
         "container {container:?} mounts volume {volume:?} at {path:?}: mountPath must be absolute"
     )]
@@ -162,6 +207,18 @@ pub enum VolumeError {
         path: PathBuf,
         #[source]
         source: io::Error,
+    },
+    #[error("removing {path}")]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: RemoveError,
+    },
+    #[error("unmounting the subPaths of the pod at {path}")]
+    SubPathCleanup {
+        path: PathBuf,
+        #[source]
+        source: SubPathError,
     },
 }
 
@@ -260,16 +317,22 @@ struct HostVolume {
     read_only: bool,
 }
 
-/// The host paths of a pod's volumes, by volume name.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The host paths of a pod's volumes, by volume name, and what mounts their subPaths.
+#[derive(Clone)]
 pub struct PodVolumes {
     volumes: HashMap<String, HostVolume>,
+    pod_dir: PathBuf,
+    mounter: Arc<dyn Mounter>,
 }
 
 impl PodVolumes {
     /// Where the pod's volumes live (the paths [`VolumeManager::mount_pod`] prepared); volumes of a
     /// kind this agent does not prepare are left out.
     pub fn of(pod: &Pod, pod_dir: &Path) -> Self {
+        Self::with_mounter(pod, pod_dir, Arc::new(SystemMounter))
+    }
+
+    fn with_mounter(pod: &Pod, pod_dir: &Path, mounter: Arc<dyn Mounter>) -> Self {
         let volumes = pod
             .spec
             .iter()
@@ -285,17 +348,23 @@ impl PodVolumes {
                 Some((volume.name.clone(), HostVolume { path, read_only }))
             })
             .collect();
-        Self { volumes }
+        Self {
+            volumes,
+            pod_dir: pod_dir.to_owned(),
+            mounter,
+        }
     }
 
-    /// The CRI mounts for a container's `volumeMounts`. Resolves `subPath`s on the host (creating
-    /// missing ones), so it belongs on the blocking pool.
+    /// The CRI mounts for a container's `volumeMounts`. A `subPath` is resolved in its volume
+    /// (its missing directories created) and bind-mounted under the pod's directory, so this
+    /// belongs on the blocking pool.
     pub fn mounts_for(&self, container: &Container) -> Result<Vec<Mount>, VolumeError> {
         container
             .volume_mounts
             .iter()
             .flatten()
-            .map(|mount| {
+            .enumerate()
+            .map(|(index, mount)| {
                 let err_ctx = || (container.name.clone(), mount.name.clone());
                 let Some(volume) = self.volumes.get(&mount.name) else {
                     let (container, volume) = err_ctx();
@@ -310,22 +379,9 @@ impl PodVolumes {
                     return Err(VolumeError::SubPathExprUnsupported { container, volume });
                 }
                 let host_path = match mount.sub_path.as_deref().filter(|p| !p.is_empty()) {
-                    Some(sub_path) => resolve_sub_path(&volume.path, sub_path).map_err(|e| {
-                        let (container, volume) = err_ctx();
-                        match e {
-                            SubPathError::Invalid(why) => VolumeError::InvalidSubPath {
-                                container,
-                                volume,
-                                sub_path: sub_path.to_owned(),
-                                why,
-                            },
-                            SubPathError::Io(path, source) => VolumeError::Io {
-                                volume,
-                                path,
-                                source,
-                            },
-                        }
-                    })?,
+                    Some(sub_path) => {
+                        self.sub_path(container, index, mount, &volume.path, sub_path)?
+                    }
                     None => volume.path.clone(),
                 };
                 if !mount.mount_path.starts_with('/') {
@@ -359,46 +415,80 @@ impl PodVolumes {
             })
             .collect()
     }
+
+    /// The bind mount of the `index`th mount's subPath (see [`subpath`]).
+    fn sub_path(
+        &self,
+        container: &Container,
+        index: usize,
+        mount: &VolumeMount,
+        volume_path: &Path,
+        sub_path: &str,
+    ) -> Result<PathBuf, VolumeError> {
+        let invalid = |why| VolumeError::InvalidSubPath {
+            container: container.name.clone(),
+            volume: mount.name.clone(),
+            sub_path: sub_path.to_owned(),
+            why,
+        };
+        // Both name directories of the bind target.
+        if !is_dir_name(&container.name) || !is_dir_name(&mount.name) {
+            return Err(invalid(
+                "the container or volume name is not a directory name",
+            ));
+        }
+        let target = subpath::bind_target(&self.pod_dir, &mount.name, &container.name, index);
+        subpath::prepare(self.mounter.as_ref(), volume_path, sub_path, &target).map_err(|err| {
+            if let SubPathError::Invalid(why) = err {
+                return invalid(why);
+            }
+            tracing::warn!(container = %container.name, volume = %mount.name, sub_path,
+                error = %crate::error_chain::error_chain(&err), "cannot mount a subPath");
+            let (container, volume) = (container.name.clone(), mount.name.clone());
+            if err.is_create() {
+                VolumeError::SubPathCreate {
+                    container,
+                    volume,
+                    source: err,
+                }
+            } else {
+                VolumeError::SubPathPrepare {
+                    container,
+                    volume,
+                    source: err,
+                }
+            }
+        })
+    }
 }
 
 fn volume_dir(pod_dir: &Path, plugin: &str, name: &str) -> PathBuf {
     pod_dir.join(VOLUMES_DIR).join(plugin).join(name)
 }
 
-enum SubPathError {
-    Invalid(&'static str),
-    Io(PathBuf, io::Error),
+/// The pod's `fsGroup` as a group id.
+fn fs_group(pod: &Pod, volume: &str) -> Result<Option<u32>, VolumeError> {
+    let fs_group = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref()?.fs_group);
+    fs_group
+        .map(|group| {
+            u32::try_from(group).map_err(|_| VolumeError::InvalidFsGroup {
+                volume: volume.to_owned(),
+                fs_group: group,
+            })
+        })
+        .transpose()
 }
 
-/// The host path of `sub_path` inside a volume: created as a directory (with the volume's
-/// permissions) when missing, and refused when it would leave the volume, by `..` or by a symlink.
-fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, SubPathError> {
-    let relative = Path::new(sub_path);
-    if relative.is_absolute() {
-        return Err(SubPathError::Invalid("must be a relative path"));
-    }
-    if relative.components().any(|c| c == Component::ParentDir) {
-        return Err(SubPathError::Invalid("must not contain '..'"));
-    }
-    let path = root.join(relative);
-    if fs::symlink_metadata(&path).is_err() {
-        let mode = fs::metadata(root).map_or(0o755, |m| {
-            use std::os::unix::fs::PermissionsExt;
-            m.permissions().mode() & 0o7777
-        });
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(&path)
-            .map_err(|e| SubPathError::Io(path.clone(), e))?;
-    }
-    let real_root = fs::canonicalize(root).map_err(|e| SubPathError::Io(root.to_owned(), e))?;
-    let real = fs::canonicalize(&path).map_err(|e| SubPathError::Io(path.clone(), e))?;
-    if real.starts_with(&real_root) {
-        Ok(real)
-    } else {
-        Err(SubPathError::Invalid("resolves outside the volume"))
-    }
+/// Where the emptyDir plugin marks a volume (or the directory under another volume) set up.
+fn ready_file(pod_dir: &Path, name: &str) -> PathBuf {
+    pod_dir
+        .join(PLUGINS_DIR)
+        .join(EMPTY_DIR_PLUGIN)
+        .join(name)
+        .join(READY_FILE)
 }
 
 fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
@@ -424,24 +514,40 @@ enum Medium {
     },
 }
 
-/// Creates the volume directory (mode 0777) and, for [`Medium::Memory`], mounts a tmpfs on it
-/// unless one is there already.
+/// Sets up the directory of a volume (the kubelet's emptyDir `SetUpAt`, which the other plugins
+/// wrap). Once it is marked `ready`, there is nothing to do while it is there (a memory one still
+/// mounted). Else it is created (mode 0777), a tmpfs is mounted on it for [`Medium::Memory`]
+/// unless one is there already, it is given the `fsGroup` (as a writable volume, as the kubelet
+/// does for the directory under every volume), and marked ready.
 fn setup_dir(
     volume: &str,
     path: &Path,
     medium: Medium,
+    ready: &Path,
+    ownership: Option<Ownership>,
     mounter: &dyn Mounter,
 ) -> Result<(), VolumeError> {
+    let is_mounted = |path: &Path| {
+        mounter
+            .is_mount_point(path)
+            .map_err(|source| io_error(volume, path, source))
+    };
+    if ready.exists() {
+        let present = match medium {
+            Medium::Disk => path.is_dir(),
+            Medium::Memory { .. } => path.is_dir() && is_mounted(path)?,
+        };
+        if present {
+            return Ok(());
+        }
+    }
     fs::DirBuilder::new()
         .recursive(true)
         .mode(EMPTY_DIR_MODE)
         .create(path)
         .map_err(|source| io_error(volume, path, source))?;
     if let Medium::Memory { size } = medium {
-        let already = mounter
-            .is_mount_point(path)
-            .map_err(|source| io_error(volume, path, source))?;
-        if !already {
+        if !is_mounted(path)? {
             mounter
                 .mount_tmpfs(path, size)
                 .map_err(|source| VolumeError::Mount {
@@ -452,7 +558,22 @@ fn setup_dir(
     } else {
         set_mode(path, EMPTY_DIR_MODE).map_err(|source| io_error(volume, path, source))?;
     }
-    Ok(())
+    if let Some(ownership) = ownership {
+        ownership
+            .apply(path)
+            .map_err(|source| VolumeError::Ownership {
+                volume: volume.to_owned(),
+                source,
+            })?;
+    }
+    if let Some(dir) = ready.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(|source| io_error(volume, dir, source))?;
+    }
+    fs::write(ready, b"").map_err(|source| io_error(volume, ready, source))
 }
 
 fn setup_host_path(name: &str, source: &HostPathVolumeSource) -> Result<(), VolumeError> {
@@ -519,19 +640,24 @@ fn setup_host_path(name: &str, source: &HostPathVolumeSource) -> Result<(), Volu
     }
 }
 
-/// Unmounts every tmpfs under `<pod_dir>/volumes` and removes the directory.
+/// Unmounts the pod's subPath binds and every tmpfs under `<pod_dir>/volumes`, then removes the
+/// volumes and their ready markers, never crossing into a mount still left below.
 fn teardown(pod_dir: &Path, mounter: &dyn Mounter) -> Result<(), VolumeError> {
+    subpath::clean(mounter, pod_dir).map_err(|source| VolumeError::SubPathCleanup {
+        path: pod_dir.to_owned(),
+        source,
+    })?;
     let volumes = pod_dir.join(VOLUMES_DIR);
     let cleanup = |path: &Path, source| VolumeError::Cleanup {
         path: path.to_owned(),
         source,
     };
     let plugins = match fs::read_dir(&volumes) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Ok(entries) => Some(entries),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(cleanup(&volumes, e)),
     };
-    for plugin in plugins {
+    for plugin in plugins.into_iter().flatten() {
         let plugin = plugin.map_err(|e| cleanup(&volumes, e))?.path();
         if !fs::symlink_metadata(&plugin).is_ok_and(|m| m.is_dir()) {
             continue;
@@ -548,11 +674,11 @@ fn teardown(pod_dir: &Path, mounter: &dyn Mounter) -> Result<(), VolumeError> {
             }
         }
     }
-    match fs::remove_dir_all(&volumes) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(cleanup(&volumes, e)),
+    for dir in [volumes, pod_dir.join(PLUGINS_DIR).join(EMPTY_DIR_PLUGIN)] {
+        remove_all_one_filesystem(&dir)
+            .map_err(|source| VolumeError::Remove { path: dir, source })?;
     }
+    Ok(())
 }
 
 /// The memory limit of the pod as its cgroup gets it, when every app container declares one: the
@@ -736,6 +862,17 @@ impl VolumeManager {
             .plugin_dir()
             .map(|plugin| volume_dir(pod_dir, plugin, &name))
             .unwrap_or_default();
+        let ready = ready_file(pod_dir, &name);
+        let fs_group = fs_group(pod, &name)?;
+        // The directory is the emptyDir's, writable; the API volumes' files are read-only.
+        let dir_ownership = fs_group.map(|gid| Ownership {
+            gid,
+            read_only: false,
+        });
+        let file_ownership = fs_group.map(|gid| Ownership {
+            gid,
+            read_only: true,
+        });
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let memory = |limit| Medium::Memory {
             size: memory_volume_size(&self.node_allocatable(), pod, limit),
@@ -757,7 +894,9 @@ impl VolumeManager {
                     }
                 };
                 return self
-                    .blocking(move |mounter| setup_dir(&name, &dir, medium, mounter))
+                    .blocking(move |mounter| {
+                        setup_dir(&name, &dir, medium, &ready, dir_ownership, mounter)
+                    })
                     .await;
             }
             Source::ConfigMap(cm) => {
@@ -793,13 +932,15 @@ impl VolumeManager {
                 (payload, Medium::Disk)
             }
             Source::Projected(projected) => {
-                let payload = self.projected(pod, &name, projected).await?;
+                let payload = self
+                    .projected(pod, &name, projected, fs_group.is_some())
+                    .await?;
                 (payload, memory(None))
             }
         };
         self.blocking(move |mounter| {
-            setup_dir(&name, &dir, medium, mounter)?;
-            atomic_writer::write(&dir, &payload)?;
+            setup_dir(&name, &dir, medium, &ready, dir_ownership, mounter)?;
+            atomic_writer::write(&dir, &payload, file_ownership)?;
             Ok(())
         })
         .await
@@ -849,12 +990,13 @@ impl VolumeManager {
 
     /// The files of a projected volume (the kubelet's `collectData`): every source is tried, a later
     /// source's file replaces an earlier one's at the same path, and the failures are reported
-    /// together.
+    /// together. With an `fsGroup` a token is made 0600, which the group's read makes 0640.
     async fn projected(
         &self,
         pod: &Pod,
         volume: &str,
         projected: &ProjectedVolumeSource,
+        has_fs_group: bool,
     ) -> Result<Payload, VolumeError> {
         let Some(objects) = &self.inner.objects else {
             return Err(VolumeError::ProjectedWithoutApiServer {
@@ -899,7 +1041,12 @@ impl VolumeManager {
                 )
                 .map_err(VolumeError::from)
             } else if let Some(token) = &source.service_account_token {
-                self.token(objects, pod, token, default_mode).await
+                let mode = if has_fs_group {
+                    Some(TOKEN_MODE_WITH_FS_GROUP)
+                } else {
+                    default_mode
+                };
+                self.token(objects, pod, token, mode).await
             } else {
                 // clusterTrustBundle and podCertificate sources are not served.
                 let kind = serde_json::to_value(source)
@@ -985,7 +1132,7 @@ impl VolumeManager {
             let removed = self
                 .blocking(move |mounter| {
                     teardown(&pod_dir, mounter)?;
-                    fs::remove_dir_all(&pod_dir).map_err(|source| VolumeError::Cleanup {
+                    remove_all_one_filesystem(&pod_dir).map_err(|source| VolumeError::Remove {
                         path: pod_dir.clone(),
                         source,
                     })

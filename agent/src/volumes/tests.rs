@@ -113,7 +113,16 @@ impl Setup {
     async fn mounted(&self, volumes: Vec<Volume>) -> PodVolumes {
         let pod = pod(volumes);
         self.mount(&pod).await.unwrap();
-        PodVolumes::of(&pod, &self.pod_dir())
+        self.pod_volumes(&pod)
+    }
+
+    /// The pod's volumes as the runtime sees them, subPaths bound through the fake mount table.
+    fn pod_volumes(&self, pod: &Pod) -> PodVolumes {
+        PodVolumes::with_mounter(
+            pod,
+            &self.pod_dir(),
+            Arc::clone(&self.mounter) as Arc<dyn Mounter>,
+        )
     }
 }
 
@@ -253,7 +262,7 @@ async fn a_downward_api_volume_holds_the_pods_fields_and_is_updated() {
         fs::read_to_string(dir.join("meta/labels")).unwrap(),
         "app=\"web\"\ntier=\"front\""
     );
-    let volumes = PodVolumes::of(&pod, &setup.pod_dir());
+    let volumes = setup.pod_volumes(&pod);
     let mounts = volumes
         .mounts_for(&mounting(vec![mount("info", "/etc/info")]))
         .unwrap();
@@ -456,33 +465,50 @@ async fn mount_errors_name_the_container_and_volume() {
 }
 
 #[tokio::test]
-async fn sub_paths_are_created_inside_the_volume_and_escapes_refused() {
+async fn sub_paths_reach_the_runtime_as_binds_under_the_pod_and_escapes_are_refused() {
     let setup = Setup::new();
     let volumes = setup.mounted(vec![empty_dir("data")]).await;
     let root = setup.volume_path(EMPTY_DIR_PLUGIN, "data");
     let with_sub = |sub: &str| {
+        let mut plain = mount("data", "/plain");
+        plain.read_only = Some(true);
         let mut m = mount("data", "/x");
         m.sub_path = Some(sub.into());
-        volumes.mounts_for(&mounting(vec![m]))
+        volumes.mounts_for(&mounting(vec![plain, m]))
     };
     let mounts = with_sub("a/b").unwrap();
+    // The second mount of container "c": its index names the bind target.
+    let target = setup.pod_dir().join("volume-subpaths/data/c/1");
+    assert_eq!(PathBuf::from(&mounts[1].host_path), target);
     assert_eq!(
-        PathBuf::from(&mounts[0].host_path),
-        fs::canonicalize(root.join("a/b")).unwrap()
+        setup.mounter.bound(),
+        BTreeMap::from([(target.clone(), root.join("a/b"))])
     );
     assert!(root.join("a/b").is_dir());
+    assert!(!mounts[1].readonly);
     for bad in ["../up", "/abs"] {
         assert!(
             matches!(with_sub(bad), Err(VolumeError::InvalidSubPath { .. })),
             "{bad}"
         );
     }
-    std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
-    let err = with_sub("link").unwrap_err();
+    let outside = setup.dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let err = with_sub("link/new").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "container \"c\" mounts volume \"data\" with subPath \"link\": resolves outside the volume"
+        "container \"c\" mounts volume \"data\" with subPath \"link/new\": resolves outside the volume"
     );
+    assert!(
+        !outside.join("new").exists(),
+        "nothing is created through the link"
+    );
+
+    // The binds go with the pod's volumes.
+    setup.manager.unmount_pod(&PodUid::from(UID)).await.unwrap();
+    assert!(setup.mounter.bound().is_empty());
+    assert!(!setup.pod_dir().join("volume-subpaths").exists());
 }
 
 #[tokio::test]
@@ -510,7 +536,11 @@ fn paths_of_volumes_follow_the_kubelets_layout() {
         empty_dir("e"),
         volume(serde_json::json!({"name": "f", "nfs": {"server": "s", "path": "/"}})),
     ]);
-    let volumes = PodVolumes::of(&pod, Path::new("/root/pods/u"));
+    let volumes = PodVolumes::with_mounter(
+        &pod,
+        Path::new("/root/pods/u"),
+        Arc::new(FakeMounter::default()),
+    );
     let path = |name: &str| volumes.volumes.get(name).map(|v| v.path.clone());
     assert_eq!(
         path("a"),
@@ -533,4 +563,137 @@ fn paths_of_volumes_follow_the_kubelets_layout() {
         Some("/root/pods/u/volumes/kubernetes.io~empty-dir/e".into())
     );
     assert_eq!(path("f"), None);
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Needs root (a chown to any group). The kubelet's modes with an `fsGroup`: an emptyDir is
+/// writable by the group and setgid; an API volume's files get group read on top of their modes
+/// (`-rw-r--r--` stays, `-r--------` becomes `-r--r-----`). Once set up, a volume is not walked
+/// again: what the containers do with their modes stays.
+#[tokio::test]
+async fn an_fs_group_owns_the_volumes_once_they_are_set_up() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !is_root() {
+        crate::testing::skip(
+            "an_fs_group_owns_the_volumes_once_they_are_set_up",
+            "chown to another group needs root",
+        );
+        return;
+    }
+    let setup = Setup::new();
+    let mut pod = pod(vec![
+        empty_dir("scratch"),
+        volume(serde_json::json!({"name": "fast", "emptyDir": {"medium": "Memory"}})),
+        volume(serde_json::json!({
+            "name": "info",
+            "downwardAPI": {"items": [
+                {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+                {"path": "sub/private", "fieldRef": {"fieldPath": "metadata.name"}, "mode": 0o400},
+            ]},
+        })),
+    ]);
+    pod.spec.as_mut().unwrap().security_context = Some(
+        serde_json::from_value(serde_json::json!({"fsGroup": 1234, "runAsUser": 1001})).unwrap(),
+    );
+    setup.mount(&pod).await.unwrap();
+    let owned = |path: &Path| {
+        let meta = fs::metadata(path).unwrap();
+        (meta.gid(), meta.permissions().mode() & 0o7777)
+    };
+    let scratch = setup.volume_path(EMPTY_DIR_PLUGIN, "scratch");
+    let info = setup.volume_path(DOWNWARD_API_PLUGIN, "info");
+    assert_eq!(owned(&scratch), (1234, 0o2777));
+    // The fake mount table leaves the directory where a tmpfs would be: only its group counts.
+    let (fast_gid, fast_mode) = owned(&setup.volume_path(EMPTY_DIR_PLUGIN, "fast"));
+    assert_eq!((fast_gid, fast_mode & 0o2070), (1234, 0o2070));
+    assert_eq!(owned(&info), (1234, 0o2777));
+    assert_eq!(owned(&info.join("name")), (1234, 0o644));
+    assert_eq!(owned(&info.join("sub/private")), (1234, 0o440));
+    assert_eq!(owned(&info.join("sub")), (1234, 0o2755));
+    assert_eq!(owned(&info.join(DATA_DIR)), (1234, 0o2755));
+    let ready = setup.pod_dir().join("plugins/kubernetes.io~empty-dir");
+    for name in ["scratch", "fast", "info"] {
+        assert!(ready.join(name).join("ready").is_file(), "{name}");
+    }
+
+    // A container makes a file of its own and closes the volume to the group.
+    let own = scratch.join("own");
+    fs::write(&own, "x").unwrap();
+    fs::set_permissions(&own, fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&own, None, Some(0)).unwrap();
+    fs::set_permissions(&scratch, fs::Permissions::from_mode(0o700)).unwrap();
+    setup.mount(&pod).await.unwrap();
+    assert_eq!(
+        owned(&scratch),
+        (1234, 0o700),
+        "a later sync does not walk again"
+    );
+    assert_eq!(owned(&own), (0, 0o600));
+    assert!(
+        fs::read_dir(&info)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("..2")
+            })
+            .count()
+            == 1,
+        "the unchanged files are not written again"
+    );
+
+    setup.manager.unmount_pod(&PodUid::from(UID)).await.unwrap();
+    assert!(!ready.exists(), "the ready markers go with the volumes");
+}
+
+/// Needs root: a tmpfs mounted below a pod's emptyDir (as a container with bidirectional
+/// propagation could leave one) stops the teardown with an error naming it, and nothing in it is
+/// removed; once it is gone, the teardown completes. The same holds for the pod's directory.
+#[tokio::test]
+async fn a_teardown_never_empties_a_mount_below_the_pod() {
+    if !is_root() {
+        crate::testing::skip(
+            "a_teardown_never_empties_a_mount_below_the_pod",
+            "mounting a tmpfs needs root",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_publish, node) = watch::channel(None);
+    let manager =
+        VolumeManager::with_mounter(dir.path().join("pods"), None, node, Arc::new(SystemMounter));
+    manager
+        .mount_pod(&pod(vec![empty_dir("data")]))
+        .await
+        .unwrap();
+    let pod_dir = dir.path().join("pods").join(UID);
+    let below = volume_dir(&pod_dir, EMPTY_DIR_PLUGIN, "data").join("mnt");
+    fs::create_dir(&below).unwrap();
+    SystemMounter.mount_tmpfs(&below, None).unwrap();
+    let guard = mounter::MountGuard(vec![below.clone()]);
+    fs::write(below.join("precious"), "keep").unwrap();
+
+    let err = manager.unmount_pod(&PodUid::from(UID)).await.unwrap_err();
+    let chain = crate::error_chain::error_chain(&err);
+    assert!(
+        chain.contains(&format!(
+            "cannot delete directory {}: it is a mount point",
+            below.display()
+        )),
+        "{chain}"
+    );
+    assert_eq!(fs::read_to_string(below.join("precious")).unwrap(), "keep");
+    manager.remove_pod_dirs(vec![PodUid::from(UID)]).await;
+    assert_eq!(fs::read_to_string(below.join("precious")).unwrap(), "keep");
+
+    drop(guard);
+    manager.unmount_pod(&PodUid::from(UID)).await.unwrap();
+    assert!(!pod_dir.join(VOLUMES_DIR).exists());
+    manager.remove_pod_dirs(vec![PodUid::from(UID)]).await;
+    assert!(!pod_dir.exists());
 }
