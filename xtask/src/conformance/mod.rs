@@ -99,6 +99,9 @@ fn run(args: &ConformanceArgs) -> Result<Vec<(&'static str, usize)>> {
     })
     .context("installing the Ctrl-C handler")?;
     let root = workspace_root();
+    // The whole run is the node's: another run's agent (or a test's) would share containerd and
+    // the run directory, which the setup clears.
+    let _node_lock = ringlet_tests::node_lock::node_lock()?;
     let setup = Setup::prepare(args)?;
     let agents: &[AgentKind] = match args.agent {
         AgentChoice::Ringlet => &[AgentKind::Ringlet],

@@ -54,9 +54,6 @@ pub struct Node {
     root_dir: PathBuf,
     run_dir: PathBuf,
     host: Option<HostGuard>,
-    /// Taken before the node's old objects are deleted: until then a test's agent may run as
-    /// `localhost`.
-    _node_lock: ringlet_tests::node_lock::NodeLock,
 }
 
 /// Why the node cannot be started yet: another agent runs, holds the eBPF pins, or containerd
@@ -74,14 +71,14 @@ pub fn in_the_way() -> Result<Option<String>> {
 
 impl Node {
     /// Starts `kind` (`binary`) as node `localhost` with its files in `run_dir`, and waits until the
-    /// Node is Ready.
+    /// Node is Ready. The caller holds the node lock: until the old Node is deleted, another
+    /// process's agent may be running as `localhost`.
     pub fn start(
         kind: AgentKind,
         binary: &Path,
         cluster: &Cluster,
         run_dir: &Path,
     ) -> Result<Self> {
-        let node_lock = ringlet_tests::node_lock::node_lock()?;
         benchkit::wait_until_quiet(in_the_way)?;
         delete_node_objects(cluster)?;
         let root_dir = run_dir.join("root");
@@ -148,7 +145,6 @@ impl Node {
             root_dir,
             run_dir: run_dir.to_path_buf(),
             host,
-            _node_lock: node_lock,
         };
         node.wait_ready(cluster)?;
         Ok(node)

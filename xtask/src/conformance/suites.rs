@@ -55,10 +55,12 @@ pub struct Selection {
 
 const NODE_FOCUS: &str = r"\[NodeConformance\]";
 const NODE_SKIP: &str = r"\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:";
+/// ginkgo matches a focus against the suite's description and the spec's full name ("Kubernetes
+/// e2e suite [sig-node] ..."), so a SIG's tag is not at the start of the text.
 const BROADER_FOCUS: &[&str] = &[
     r"\[NodeConformance\]",
-    r"^\[sig-node\].*\[Conformance\]",
-    r"^\[sig-storage\].*\[Conformance\]",
+    r"\[sig-node\] .*\[Conformance\]",
+    r"\[sig-storage\] .*\[Conformance\]",
 ];
 const BROADER_SKIP: &str = r"\[Disruptive\]|\[Flaky\]|\[Feature:";
 
