@@ -309,6 +309,7 @@ fn kubelet_settings(config: &AgentConfig) -> KubeletSettings {
             .unwrap_or(usize::MAX),
         pleg_relist_period: config.kubelet.pleg_relist_period,
         housekeeping_period: ringlet::kubelet::HOUSEKEEPING_PERIOD,
+        sysctls: config.kubelet.sysctls.clone(),
     }
 }
 

@@ -26,13 +26,14 @@ use ringlet::kubelet::{
     NodeStatusSettings, ProbeDeps,
 };
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
+use ringlet::lifecycle::SysctlAllowlist;
 use ringlet::metrics::Metrics;
 use ringlet::podconfig::{self, PodConfigOptions};
 use ringlet::prober::ProbeResults;
 use ringlet::server::{self, ServerHost};
 use ringlet::stats::{CgroupLayout, StatsProvider, StatsSettings};
 use ringlet_proto::runtime::v1 as cri;
-use support::fake_cri::FakeCri;
+use support::fake_cri::{FakeCri, RUNTIME_NAME};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -154,6 +155,7 @@ impl Agent {
                 max_dead_containers_per_container: 1,
                 pleg_relist_period: Some(Duration::from_millis(100)),
                 housekeeping_period,
+                sysctls: SysctlAllowlist::default(),
             },
             KubeletDeps {
                 runtime,
@@ -345,11 +347,11 @@ async fn a_manifest_becomes_a_running_pod_and_its_removal_cleans_up() {
 
     let app = agent.wait_running().await;
     assert_eq!(app.restart_count, 0);
-    assert!(
-        app.container_id
-            .as_deref()
-            .is_some_and(|id| id.ends_with(&agent.fake.containers()[0].id)),
-        "/pods names the runtime's container: {app:?}"
+    let runtime_container = format!("{RUNTIME_NAME}://{}", agent.fake.containers()[0].id);
+    assert_eq!(
+        app.container_id.as_deref(),
+        Some(runtime_container.as_str()),
+        "/pods names the runtime's container, after the runtime"
     );
     assert_eq!(agent.health("syncloop"), Ok(()));
     assert_eq!(agent.health("pleg"), Ok(()));

@@ -99,6 +99,8 @@ pub struct ApiClient {
     /// The same connection settings without the per-request timeout, for watches: they are long
     /// requests, guarded by the watcher's own idle timeout (its watch timeout plus 5 s).
     watch_client: kube::Client,
+    /// The configuration both were built from, for clients of their own (the heartbeat's).
+    config: Arc<kube::Config>,
     identity: Arc<str>,
     server: Arc<str>,
 }
@@ -160,7 +162,7 @@ impl ApiClient {
     }
 
     /// The client for `config` with the agent's timeouts, retries and rate limit.
-    fn from_config(
+    pub(crate) fn from_config(
         mut config: kube::Config,
         identity: String,
         options: ApiClientOptions,
@@ -193,13 +195,38 @@ impl ApiClient {
         let mut watch_config = config.clone();
         watch_config.read_timeout = None;
         let watch_client = build(watch_config)?;
-        let client = build(config)?;
+        let client = build(config.clone())?;
         Ok(Self {
             client,
             watch_client,
+            config: Arc::new(config),
             identity: identity.into(),
             server: server.trim_end_matches('/').into(),
         })
+    }
+
+    /// A client of its own to the same API server with the same credentials, whose requests wait
+    /// at most `timeout` and are not rate-limited (the kubelet's `heartbeatClient`): the node's
+    /// heartbeat must not queue behind the agent's other requests, nor wait on a slow one.
+    pub fn heartbeat_client(&self, timeout: Duration) -> Result<Self, ApiServerError> {
+        let options = ApiClientOptions {
+            request_timeout: timeout,
+            qps: 0,
+            burst: 0,
+        };
+        Self::from_config((*self.config).clone(), self.identity.to_string(), options)
+    }
+
+    /// A client whose requests go to `client` as it is (tests: a fake API server).
+    #[cfg(test)]
+    pub(crate) fn with_client(client: kube::Client) -> Self {
+        Self {
+            watch_client: client.clone(),
+            client,
+            config: Arc::new(kube::Config::new(http::Uri::from_static("http://fake"))),
+            identity: "the test's client".into(),
+            server: "http://fake".into(),
+        }
     }
 
     /// The kube client for requests (cheap to clone).

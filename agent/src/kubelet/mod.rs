@@ -24,7 +24,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::MissedTickBehavior;
 
 use crate::apiserver::ApiClient;
-use crate::lifecycle::{Rejection, admit};
+use crate::lifecycle::{Rejection, SysctlAllowlist, admit};
 use crate::nodelease::NodeLease;
 use crate::objects::ApiObjects;
 use crate::pod::{MirrorPods, is_mirror_pod};
@@ -47,7 +47,7 @@ use crate::prober::{
     ProbeHandle, ProbeManager, ProbeManagerDeps, ProbeResult, ProbeResults, ProbeType,
     ResultUpdate, ResultUpdates,
 };
-use crate::status::{ReasonCache, StatusManager, StatusSyncer};
+use crate::status::{ReasonCache, StatusManager, StatusSyncer, needs_readiness_reconcile};
 
 pub use crate::pod::{PodManager, pod_uid};
 pub use node_ip::{HostIpError, host_addresses, host_ip, node_ip};
@@ -82,6 +82,8 @@ pub struct KubeletSettings {
     /// How often housekeeping runs besides when a pod finishes terminating:
     /// [`HOUSEKEEPING_PERIOD`] outside tests.
     pub housekeeping_period: Duration,
+    /// The sysctls pods may set (the safe ones and `allowedUnsafeSysctls`).
+    pub sysctls: SysctlAllowlist,
 }
 
 /// What the probes work with.
@@ -376,16 +378,15 @@ impl Kubelet {
         }
         let Some(api) = &self.api else { return };
         let node = &self.settings.node;
-        tokio::spawn(
-            NodeLease::new(
-                api.clone(),
-                node.node_name.clone(),
-                node.node.node_lease_duration_seconds,
-                node.node.lease_renew_interval(),
-                self.node.clone(),
-            )
-            .run(),
-        );
+        match NodeLease::new(api, node.node_name.clone(), &node.node, self.node.clone()) {
+            Ok(lease) => {
+                tokio::spawn(lease.run());
+            }
+            Err(err) => tracing::error!(
+                "cannot build the node lease's API client, the node will not heartbeat: {}",
+                crate::error_chain::error_chain(&err)
+            ),
+        }
         tokio::spawn(
             StatusSyncer::new(
                 api.clone(),
@@ -447,7 +448,14 @@ impl Kubelet {
                     self.pods.upsert(pod.clone());
                     self.dispatch(pod, UpdateType::Update);
                 }
-                PodOperation::Reconcile => self.pods.upsert(pod),
+                PodOperation::Reconcile => {
+                    self.pods.upsert(pod.clone());
+                    // A readiness gate's condition changed on the API server: Ready follows at
+                    // once (the kubelet's `HandlePodReconcile`).
+                    if needs_readiness_reconcile(&pod) {
+                        self.dispatch(pod, UpdateType::Sync);
+                    }
+                }
                 PodOperation::Remove => {
                     self.pods.remove(&uid);
                     self.probe_handle.remove_pod(&uid);
@@ -474,10 +482,13 @@ impl Kubelet {
         self.housekeeping.request_gc();
     }
 
-    /// The kubelet's admission (`canAdmitPod` with the predicate handler) against the Node as last
-    /// computed, counting the pods whose workers are still active. Before the first Node is
-    /// computed only the pod count is checked.
+    /// The kubelet's admission (`canAdmitPod` with the sysctl and predicate handlers): the pod's
+    /// sysctls, then the predicate against the Node as last computed, counting the pods whose
+    /// workers are still active. Before the first Node is computed only the pod count is checked.
     fn admission_failure(&self, pod: &Pod) -> Option<Rejection> {
+        if let Err(rejection) = self.settings.sysctls.admit(pod) {
+            return Some(rejection);
+        }
         let uid = pod_uid(pod);
         let active: Vec<Arc<Pod>> = self
             .pods

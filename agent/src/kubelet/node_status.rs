@@ -375,7 +375,8 @@ impl Round<'_> {
         Gathered {
             node_ips,
             storage: storage.await.ok().and_then(Result::ok),
-            runtime_version: version.unwrap_or_else(|_| "containerd://Unknown".to_owned()),
+            runtime_version: version
+                .unwrap_or_else(|_| manager.runtime_state.unknown_runtime_version()),
             images: images.map_err(|err| err.to_string()),
             health: NodeHealth {
                 last_runtime_sync: manager.runtime_state.last_runtime_sync(),

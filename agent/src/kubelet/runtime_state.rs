@@ -1,6 +1,7 @@
 //! Runtime health as the sync loop and `/healthz` see it (the kubelet's `runtimeState` and
 //! `updateRuntimeUp`): whether the runtime answered its last `Status` call and reported ready, whether
-//! pod networking is ready, and when the sync loop last went round.
+//! pod networking is ready, and when the sync loop last went round; and the runtime's name, which
+//! its `Version` call gives once (the kubelet's `runtimeName`, the scheme of container ids).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -17,6 +18,8 @@ struct State {
     sync_loop_seen: Option<Instant>,
     /// When the runtime last reported itself ready (the kubelet's `lastBaseRuntimeSync`).
     last_runtime_sync: Option<Timestamp>,
+    /// The runtime's name as its `Version` call reported it (`containerd`, `cri-o`).
+    runtime_name: Option<Arc<str>>,
 }
 
 /// Cloneable handle to the runtime state.
@@ -44,6 +47,18 @@ impl RuntimeState {
         self.lock().network_error.clone()
     }
 
+    /// The runtime's name, once its `Version` call answered.
+    pub fn runtime_name(&self) -> Option<Arc<str>> {
+        self.lock().runtime_name.clone()
+    }
+
+    /// What the node reports as its runtime's version when `Version` fails: `<name>://Unknown`
+    /// (`Unknown` before the name is known).
+    pub fn unknown_runtime_version(&self) -> String {
+        self.runtime_name()
+            .map_or_else(|| "Unknown".to_owned(), |name| format!("{name}://Unknown"))
+    }
+
     /// When the runtime last answered `Status` with `RuntimeReady` true.
     pub fn last_runtime_sync(&self) -> Option<Timestamp> {
         self.lock().last_runtime_sync
@@ -66,8 +81,12 @@ impl RuntimeState {
         }
     }
 
-    /// One `updateRuntimeUp` round: asks the runtime for its status and records the outcome.
+    /// One `updateRuntimeUp` round: asks the runtime for its status and records the outcome; asks
+    /// its name too until it is known, so pods synced once the runtime is up have it.
     pub async fn update_runtime_up(&self, runtime: &dyn Runtime) {
+        if self.runtime_name().is_none() {
+            self.learn_runtime_name(runtime).await;
+        }
         let (runtime_error, network_error) = match runtime.status().await {
             Ok(status) => (status.runtime_not_ready(), status.network_not_ready()),
             Err(err) => {
@@ -88,6 +107,22 @@ impl RuntimeState {
         }
         state.runtime_error = runtime_error;
         state.network_error = network_error;
+    }
+
+    async fn learn_runtime_name(&self, runtime: &dyn Runtime) {
+        match runtime.version().await {
+            Ok(version) => match crate::status::runtime_name_of(&version) {
+                Some(name) => {
+                    tracing::info!(runtime = name, %version, "container runtime");
+                    self.lock().runtime_name = Some(name.into());
+                }
+                None => {
+                    tracing::warn!(%version, "the container runtime's version names no runtime");
+                }
+            },
+            // A runtime that does not answer is reported by the `Status` call next.
+            Err(err) => tracing::debug!("cannot ask the container runtime its version: {err}"),
+        }
     }
 
     /// Marks the runtime unavailable until the first `Status` answer.

@@ -357,4 +357,8 @@ impl RuntimeHelper for NodeHelper {
             None
         }
     }
+
+    fn startup_succeeded(&self, container: &ContainerId) -> bool {
+        self.probe_results.get(ProbeType::Startup, container) == Some(ProbeResult::Success)
+    }
 }

@@ -138,6 +138,7 @@ impl KubeletSyncer {
     ) -> Option<String> {
         let uid = uid_of(pod);
         let previous = self.status.get_pod_status(&uid);
+        let runtime_name = self.runtime_state.runtime_name();
         let mut api_status = generate_api_pod_status(
             pod,
             runtime_status,
@@ -147,6 +148,7 @@ impl KubeletSyncer {
                 host_ip: &self.host_ip,
                 pod_is_terminal: stage != StatusStage::Syncing,
                 probes: &self.probes,
+                runtime_name: runtime_name.as_deref(),
             },
         );
         if stage == StatusStage::Final {

@@ -1,6 +1,9 @@
-//! What a pod sync has to do, decided from the spec and the runtime's view alone (the kubelet's
-//! `computePodContainerChanges` and `findNextInitContainerToRun`). A pure function, so every decision
-//! is testable without a runtime; back-off and image checks happen later, in the sync itself.
+//! What a pod sync has to do, decided from the spec, the runtime's view and the probes' verdicts
+//! alone (the kubelet's `computePodActions`; the init containers' part, restartable ones included,
+//! is `computeInitContainerActions`, in [`init`]). A pure function, so every decision is testable
+//! without a runtime; back-off and image checks happen later, in the sync itself.
+
+mod init;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -50,6 +53,17 @@ impl ProbeKill {
     }
 }
 
+/// What the probes say about a running container instance (the kubelet's liveness and startup
+/// result managers, as `computePodActions` reads them).
+pub trait ProbeVerdicts {
+    /// The probe whose failed verdict condemns the container although its spec is unchanged
+    /// (liveness, or startup); `None` keeps it running.
+    fn restart_reason(&self, id: &ContainerId) -> Option<ProbeKill>;
+    /// Whether the container's startup probe has succeeded; asked only about containers that have
+    /// one.
+    fn startup_succeeded(&self, id: &ContainerId) -> bool;
+}
+
 /// A running container the sync must stop, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerToKill {
@@ -78,8 +92,9 @@ pub struct PodActions {
     pub sandbox_id: Option<SandboxId>,
     /// Attempt number for a new sandbox.
     pub attempt: u32,
-    /// Index into `spec.initContainers` of the one to start next.
-    pub next_init_container: Option<usize>,
+    /// Indexes into `spec.initContainers` to start, in spec order: the next one of the init
+    /// sequence, and restartable (sidecar) ones that must run again.
+    pub init_containers_to_start: Vec<usize>,
     pub init_failed: Option<InitFailure>,
     /// Indexes into `spec.containers`.
     pub containers_to_start: Vec<usize>,
@@ -102,6 +117,22 @@ fn host_network(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.host_network)
         .unwrap_or(false)
+}
+
+/// An init container with `restartPolicy: Always` (a sidecar): it is started in the init sequence
+/// and keeps running next to the regular containers (the kubelet's `IsRestartableInitContainer`).
+pub fn is_sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
+}
+
+/// The kubelet's name of a container state, as its kill messages quote it.
+fn state_name(state: ContainerState) -> &'static str {
+    match state {
+        ContainerState::Created => "created",
+        ContainerState::Running => "running",
+        ContainerState::Exited => "exited",
+        ContainerState::Unknown => "unknown",
+    }
 }
 
 /// Whether the pod needs a new sandbox, with the attempt number and the sandbox to keep otherwise.
@@ -129,6 +160,19 @@ fn succeeded(status: Option<&ContainerStatus>) -> bool {
     status.is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == 0)
 }
 
+/// Whether any regular container has ever been created (the kubelet's
+/// `hasAnyRegularContainerCreated`): the pod got through its init containers once.
+fn any_regular_container_created(pod: &Pod, status: &PodStatus) -> bool {
+    containers(pod).iter().any(|c| {
+        status.container(&c.name).is_some_and(|s| {
+            matches!(
+                s.state,
+                ContainerState::Created | ContainerState::Running | ContainerState::Exited
+            )
+        })
+    })
+}
+
 /// Whether a container that is not running should be (re)started under `policy`.
 fn should_restart(status: Option<&ContainerStatus>, policy: RestartPolicy) -> bool {
     let Some(status) = status else {
@@ -145,44 +189,6 @@ fn should_restart(status: Option<&ContainerStatus>, policy: RestartPolicy) -> bo
             RestartPolicy::Never => false,
         },
     }
-}
-
-/// Where the pod is in its init sequence.
-#[derive(Debug, PartialEq, Eq)]
-enum InitProgress {
-    Done,
-    /// One is running: wait for it.
-    Waiting,
-    Next(usize),
-    Failed(usize),
-}
-
-fn init_progress(pod: &Pod, status: &PodStatus) -> InitProgress {
-    let inits = init_containers(pod);
-    if inits.is_empty() {
-        return InitProgress::Done;
-    }
-    for (i, c) in inits.iter().enumerate().rev() {
-        if let Some(s) = status.container(&c.name) {
-            let failed = (s.state == ContainerState::Exited && s.exit_code != 0)
-                || s.state == ContainerState::Unknown;
-            if failed {
-                return InitProgress::Failed(i);
-            }
-        }
-    }
-    for (i, c) in inits.iter().enumerate().rev() {
-        let Some(s) = status.container(&c.name) else {
-            continue;
-        };
-        return match s.state {
-            ContainerState::Running => InitProgress::Waiting,
-            ContainerState::Created => InitProgress::Next(i),
-            _ if i + 1 == inits.len() => InitProgress::Done,
-            _ => InitProgress::Next(i + 1),
-        };
-    }
-    InitProgress::Next(0)
 }
 
 /// Fills in the actions for a pod whose sandbox must be (re)created.
@@ -205,12 +211,16 @@ fn plan_new_sandbox(
         })
         .map(|(i, _)| i)
         .collect();
-    if to_start.is_empty() {
+    // Nothing left to run in a pod that got through its init containers: it is done.
+    if to_start.is_empty() && any_regular_container_created(pod, status) {
         actions.create_sandbox = false;
-    } else if init_containers(pod).is_empty() {
+        return;
+    }
+    if init_containers(pod).is_empty() {
         actions.containers_to_start = to_start;
     } else {
-        actions.next_init_container = Some(0);
+        // A new sandbox runs the init sequence again from the start.
+        actions.init_containers_to_start = vec![0];
     }
 }
 
@@ -219,7 +229,7 @@ fn plan_app_containers(
     pod: &Pod,
     status: &PodStatus,
     policy: RestartPolicy,
-    unhealthy: &dyn Fn(&ContainerId) -> Option<ProbeKill>,
+    probes: &dyn ProbeVerdicts,
     actions: &mut PodActions,
 ) -> usize {
     let mut keep = 0;
@@ -238,7 +248,7 @@ fn plan_app_containers(
                         probe: None,
                     });
                     actions.containers_to_start.push(i);
-                } else if let Some(kill) = unhealthy(&s.id) {
+                } else if let Some(kill) = probes.restart_reason(&s.id) {
                     let mut message = format!("Container {} {}", c.name, kill.describe());
                     if policy.restarts_on_failure() {
                         message.push_str(", will be restarted");
@@ -257,6 +267,19 @@ fn plan_app_containers(
             _ => {
                 if should_restart(current, policy) {
                     actions.containers_to_start.push(i);
+                    // It may still run for all the runtime knows: stop it before starting
+                    // another instance.
+                    if let Some(s) = current.filter(|s| s.state == ContainerState::Unknown) {
+                        actions.containers_to_kill.push(ContainerToKill {
+                            id: s.id.clone(),
+                            name: c.name.clone(),
+                            message: format!(
+                                "Container is in {:?} state, try killing it before restart",
+                                state_name(s.state)
+                            ),
+                            probe: None,
+                        });
+                    }
                 }
             }
         }
@@ -265,12 +288,12 @@ fn plan_app_containers(
     keep
 }
 
-/// Decides what the sync must do to move the runtime towards the pod spec. `unhealthy` names the
-/// probe whose failure condemns a running container although its spec is unchanged, or `None`.
+/// Decides what the sync must do to move the runtime towards the pod spec, given what the probes
+/// say about the running containers.
 pub fn compute_pod_actions(
     pod: &Pod,
     status: &PodStatus,
-    unhealthy: &dyn Fn(&ContainerId) -> Option<ProbeKill>,
+    probes: &dyn ProbeVerdicts,
 ) -> PodActions {
     let policy = RestartPolicy::of(pod);
     let (create_sandbox, attempt, sandbox_id) = sandbox_changed(pod, status);
@@ -287,29 +310,13 @@ pub fn compute_pod_actions(
         return actions;
     }
 
-    match init_progress(pod, status) {
-        InitProgress::Done => {}
-        InitProgress::Waiting => return actions,
-        InitProgress::Next(i) => {
-            actions.next_init_container = Some(i);
-            return actions;
-        }
-        InitProgress::Failed(i) => {
-            if policy.restarts_on_failure() {
-                actions.next_init_container = Some(i);
-            } else {
-                let c = &init_containers(pod)[i];
-                actions.kill_pod = true;
-                actions.init_failed = Some(InitFailure {
-                    name: c.name.clone(),
-                    exit_code: status.container(&c.name).map_or(0, |s| s.exit_code),
-                });
-            }
-            return actions;
-        }
+    let initialized = init::plan_init_containers(pod, status, policy, probes, &mut actions);
+    if actions.kill_pod || !initialized {
+        // Failed, or still initializing: the regular containers wait.
+        return actions;
     }
 
-    let keep = plan_app_containers(pod, status, policy, unhealthy, &mut actions);
+    let keep = plan_app_containers(pod, status, policy, probes, &mut actions);
 
     // Running containers the spec no longer names (only the newest instance of a name can run).
     let known = |name: &str| {
@@ -329,6 +336,8 @@ pub fn compute_pod_actions(
 
     if keep == 0 && actions.containers_to_start.is_empty() {
         actions.kill_pod = true;
+        // Sidecars serve the regular containers: they do not keep a finished pod alive.
+        actions.init_containers_to_start.clear();
     }
     actions
 }
@@ -336,17 +345,58 @@ pub fn compute_pod_actions(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{HashMap, HashSet};
+
     use crate::container::{PodUid, SandboxStatus};
     use k8s_openapi::api::core::v1::PodSpec;
 
-    fn healthy(_: &ContainerId) -> Option<ProbeKill> {
-        None
+    /// Probe verdicts by container id; a container without one is healthy and not started.
+    #[derive(Default)]
+    struct Probes {
+        kill: HashMap<ContainerId, ProbeKill>,
+        started: HashSet<ContainerId>,
     }
 
+    impl Probes {
+        fn killing(name: &str, kill: ProbeKill) -> Self {
+            Self {
+                kill: HashMap::from([(id(name), kill)]),
+                ..Self::default()
+            }
+        }
+
+        fn started(name: &str) -> Self {
+            Self {
+                started: HashSet::from([id(name)]),
+                ..Self::default()
+            }
+        }
+    }
+
+    impl ProbeVerdicts for Probes {
+        fn restart_reason(&self, id: &ContainerId) -> Option<ProbeKill> {
+            self.kill.get(id).copied()
+        }
+
+        fn startup_succeeded(&self, id: &ContainerId) -> bool {
+            self.started.contains(id)
+        }
+    }
+
+    fn healthy() -> Probes {
+        Probes::default()
+    }
+
+    fn id(name: &str) -> ContainerId {
+        ContainerId::from(format!("id-{name}"))
+    }
+
+    /// A container; one named `sc…` is a sidecar (`restartPolicy: Always`).
     fn container(name: &str) -> Container {
         Container {
             name: name.into(),
             image: Some("busybox".into()),
+            restart_policy: name.starts_with("sc").then(|| "Always".into()),
             ..Container::default()
         }
     }
@@ -376,7 +426,7 @@ mod tests {
 
     fn status_of(name: &str, state: ContainerState, exit_code: i32) -> ContainerStatus {
         ContainerStatus {
-            id: ContainerId::from(format!("id-{name}")),
+            id: id(name),
             name: name.into(),
             state,
             created_at: 1,
@@ -410,7 +460,7 @@ mod tests {
         let a = compute_pod_actions(
             &pod("Always", &[], &["a", "b"]),
             &PodStatus::default(),
-            &healthy,
+            &healthy(),
         );
         assert!(a.create_sandbox);
         assert_eq!(a.attempt, 0);
@@ -422,10 +472,10 @@ mod tests {
         let a = compute_pod_actions(
             &pod("Always", &["i1", "i2"], &["a"]),
             &PodStatus::default(),
-            &healthy,
+            &healthy(),
         );
         assert!(a.create_sandbox);
-        assert_eq!(a.next_init_container, Some(0));
+        assert_eq!(a.init_containers_to_start, [0]);
         assert!(a.containers_to_start.is_empty());
     }
 
@@ -435,7 +485,7 @@ mod tests {
             vec![sandbox("s1", SandboxState::NotReady, 2)],
             vec![status_of("a", ContainerState::Exited, 137)],
         );
-        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy);
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy());
         assert!(a.kill_pod && a.create_sandbox);
         assert_eq!(a.attempt, 3);
     }
@@ -446,7 +496,7 @@ mod tests {
             vec![sandbox("s1", SandboxState::NotReady, 0)],
             vec![status_of("a", ContainerState::Exited, 1)],
         );
-        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy);
+        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy());
         assert!(!a.create_sandbox);
         assert!(a.containers_to_start.is_empty());
     }
@@ -457,20 +507,22 @@ mod tests {
             vec![sandbox("s1", SandboxState::NotReady, 0)],
             vec![status_of("a", ContainerState::Exited, 0)],
         );
-        assert!(!compute_pod_actions(&pod("OnFailure", &[], &["a"]), &s, &healthy).create_sandbox);
+        assert!(
+            !compute_pod_actions(&pod("OnFailure", &[], &["a"]), &s, &healthy()).create_sandbox
+        );
     }
 
     #[test]
     fn init_containers_run_one_at_a_time_in_order() {
         let p = pod("Always", &["i1", "i2"], &["a"]);
         let running = status(ready(), vec![status_of("i1", ContainerState::Running, 0)]);
-        let a = compute_pod_actions(&p, &running, &healthy);
-        assert_eq!(a.next_init_container, None);
+        let a = compute_pod_actions(&p, &running, &healthy());
+        assert!(a.init_containers_to_start.is_empty());
         assert!(a.containers_to_start.is_empty());
         let first_done = status(ready(), vec![status_of("i1", ContainerState::Exited, 0)]);
         assert_eq!(
-            compute_pod_actions(&p, &first_done, &healthy).next_init_container,
-            Some(1)
+            compute_pod_actions(&p, &first_done, &healthy()).init_containers_to_start,
+            [1]
         );
         let all_done = status(
             ready(),
@@ -479,15 +531,15 @@ mod tests {
                 status_of("i1", ContainerState::Exited, 0),
             ],
         );
-        let a = compute_pod_actions(&p, &all_done, &healthy);
-        assert_eq!(a.next_init_container, None);
+        let a = compute_pod_actions(&p, &all_done, &healthy());
+        assert!(a.init_containers_to_start.is_empty());
         assert_eq!(a.containers_to_start, [0]);
     }
 
     #[test]
     fn a_failed_init_container_fails_a_never_pod_and_is_retried_otherwise() {
         let failed = status(ready(), vec![status_of("i1", ContainerState::Exited, 3)]);
-        let a = compute_pod_actions(&pod("Never", &["i1"], &["a"]), &failed, &healthy);
+        let a = compute_pod_actions(&pod("Never", &["i1"], &["a"]), &failed, &healthy());
         assert!(a.kill_pod);
         assert_eq!(
             a.init_failed,
@@ -496,9 +548,9 @@ mod tests {
                 exit_code: 3
             })
         );
-        assert!(a.containers_to_start.is_empty() && a.next_init_container.is_none());
-        let a = compute_pod_actions(&pod("OnFailure", &["i1"], &["a"]), &failed, &healthy);
-        assert_eq!(a.next_init_container, Some(0));
+        assert!(a.containers_to_start.is_empty() && a.init_containers_to_start.is_empty());
+        let a = compute_pod_actions(&pod("OnFailure", &["i1"], &["a"]), &failed, &healthy());
+        assert_eq!(a.init_containers_to_start, [0]);
         assert!(a.init_failed.is_none());
     }
 
@@ -514,14 +566,14 @@ mod tests {
         );
         let apps = ["ok", "bad", "run"];
         assert_eq!(
-            compute_pod_actions(&pod("Always", &[], &apps), &s, &healthy).containers_to_start,
+            compute_pod_actions(&pod("Always", &[], &apps), &s, &healthy()).containers_to_start,
             [0, 1]
         );
         assert_eq!(
-            compute_pod_actions(&pod("OnFailure", &[], &apps), &s, &healthy).containers_to_start,
+            compute_pod_actions(&pod("OnFailure", &[], &apps), &s, &healthy()).containers_to_start,
             [1]
         );
-        let never = compute_pod_actions(&pod("Never", &[], &apps), &s, &healthy);
+        let never = compute_pod_actions(&pod("Never", &[], &apps), &s, &healthy());
         assert!(never.containers_to_start.is_empty());
         assert!(!never.kill_pod, "a running container keeps the pod alive");
     }
@@ -529,7 +581,7 @@ mod tests {
     #[test]
     fn a_pod_with_nothing_left_to_run_is_killed() {
         let s = status(ready(), vec![status_of("a", ContainerState::Exited, 0)]);
-        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy);
+        let a = compute_pod_actions(&pod("Never", &[], &["a"]), &s, &healthy());
         assert!(a.kill_pod && !a.create_sandbox);
     }
 
@@ -538,7 +590,7 @@ mod tests {
         let p = pod("Always", &[], &["a"]);
         let same = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
         assert_eq!(
-            compute_pod_actions(&p, &same, &healthy),
+            compute_pod_actions(&p, &same, &healthy()),
             PodActions {
                 sandbox_id: Some(SandboxId::from("s1")),
                 ..PodActions::default()
@@ -546,7 +598,7 @@ mod tests {
         );
         let mut old = status_of("a", ContainerState::Running, 0);
         old.hash = "0000".into();
-        let a = compute_pod_actions(&p, &status(ready(), vec![old]), &healthy);
+        let a = compute_pod_actions(&p, &status(ready(), vec![old]), &healthy());
         assert_eq!(a.containers_to_kill.len(), 1);
         assert_eq!(a.containers_to_kill[0].id, ContainerId::from("id-a"));
         assert_eq!(a.containers_to_start, [0]);
@@ -561,7 +613,7 @@ mod tests {
                 status_of("gone", ContainerState::Running, 0),
             ],
         );
-        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy);
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy());
         assert_eq!(a.containers_to_kill.len(), 1);
         assert_eq!(a.containers_to_kill[0].name, "gone");
     }
@@ -573,14 +625,14 @@ mod tests {
             spec.host_network = Some(true);
         }
         let s = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
-        let a = compute_pod_actions(&p, &s, &healthy);
+        let a = compute_pod_actions(&p, &s, &healthy());
         assert!(a.create_sandbox);
         assert_eq!(a.attempt, 1);
     }
 
     #[test]
     fn a_failed_liveness_probe_restarts_the_container_unless_never() {
-        let unhealthy = |_: &ContainerId| Some(ProbeKill::Liveness);
+        let unhealthy = Probes::killing("a", ProbeKill::Liveness);
         let s = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
         let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &unhealthy);
         assert_eq!(a.containers_to_kill.len(), 1);
@@ -597,12 +649,290 @@ mod tests {
             "Container a failed liveness probe"
         );
         assert!(a.containers_to_start.is_empty());
-        let startup = |_: &ContainerId| Some(ProbeKill::Startup);
+        let startup = Probes::killing("a", ProbeKill::Startup);
         let a = compute_pod_actions(&pod("OnFailure", &[], &["a"]), &s, &startup);
         assert_eq!(
             a.containers_to_kill[0].message,
             "Container a failed startup probe, will be restarted"
         );
         assert_eq!(a.containers_to_start, [0]);
+    }
+
+    fn with_spec(mut p: Pod, name: &str, edit: impl Fn(&mut Container)) -> Pod {
+        if let Some(spec) = p.spec.as_mut() {
+            let all = spec
+                .init_containers
+                .iter_mut()
+                .flatten()
+                .chain(spec.containers.iter_mut());
+            all.filter(|c| c.name == name).for_each(edit);
+        }
+        p
+    }
+
+    fn with_startup_probe(p: Pod, name: &str) -> Pod {
+        with_spec(p, name, |c| {
+            c.startup_probe = Some(k8s_openapi::api::core::v1::Probe::default());
+        })
+    }
+
+    /// The status of `name` as started from `p`'s spec of it.
+    fn status_in(p: &Pod, name: &str, state: ContainerState, exit_code: i32) -> ContainerStatus {
+        let spec = containers(p)
+            .iter()
+            .chain(init_containers(p))
+            .find(|c| c.name == name)
+            .unwrap();
+        ContainerStatus {
+            hash: container_hash(spec),
+            ..status_of(name, state, exit_code)
+        }
+    }
+
+    #[test]
+    fn a_running_sidecar_lets_the_next_init_container_start() {
+        let p = pod("Always", &["sc", "i1"], &["a"]);
+        let s = status(ready(), vec![status_of("sc", ContainerState::Running, 0)]);
+        let a = compute_pod_actions(&p, &s, &healthy());
+        assert_eq!(a.init_containers_to_start, [1]);
+        assert!(a.containers_to_start.is_empty() && !a.kill_pod);
+    }
+
+    #[test]
+    fn a_sidecar_with_a_startup_probe_has_started_once_the_probe_succeeded() {
+        let p = with_startup_probe(pod("Always", &["sc", "i1"], &["a"]), "sc");
+        let s = status(
+            ready(),
+            vec![status_in(&p, "sc", ContainerState::Running, 0)],
+        );
+        let a = compute_pod_actions(&p, &s, &healthy());
+        assert!(a.init_containers_to_start.is_empty(), "{a:?}");
+        assert!(a.containers_to_kill.is_empty());
+        let a = compute_pod_actions(&p, &s, &Probes::started("sc"));
+        assert_eq!(a.init_containers_to_start, [1]);
+    }
+
+    #[test]
+    fn the_app_containers_start_once_regular_init_containers_succeeded_and_sidecars_started() {
+        let p = with_startup_probe(pod("Always", &["i1", "sc"], &["a", "b"]), "sc");
+        let s = status(
+            ready(),
+            vec![
+                status_in(&p, "sc", ContainerState::Running, 0),
+                status_of("i1", ContainerState::Exited, 0),
+            ],
+        );
+        let waiting = compute_pod_actions(&p, &s, &healthy());
+        assert!(waiting.containers_to_start.is_empty() && !waiting.kill_pod);
+        let a = compute_pod_actions(&p, &s, &Probes::started("sc"));
+        assert_eq!(a.containers_to_start, [0, 1]);
+        assert!(a.init_containers_to_start.is_empty());
+    }
+
+    #[test]
+    fn an_exited_sidecar_is_restarted_whatever_the_pod_restart_policy() {
+        for policy in ["Always", "OnFailure", "Never"] {
+            for code in [0, 1] {
+                let p = pod(policy, &["sc"], &["a"]);
+                let s = status(
+                    ready(),
+                    vec![
+                        status_of("a", ContainerState::Running, 0),
+                        status_of("sc", ContainerState::Exited, code),
+                    ],
+                );
+                let a = compute_pod_actions(&p, &s, &healthy());
+                assert_eq!(a.init_containers_to_start, [0], "{policy} {code}");
+                assert!(a.containers_to_start.is_empty() && !a.kill_pod, "{policy}");
+                assert!(a.init_failed.is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn a_sidecar_that_exits_during_the_init_sequence_is_restarted_and_the_sequence_goes_on() {
+        let p = pod("Never", &["sc", "i1", "i2"], &["a"]);
+        let s = status(
+            ready(),
+            vec![
+                status_of("i1", ContainerState::Exited, 0),
+                status_of("sc", ContainerState::Exited, 2),
+            ],
+        );
+        let a = compute_pod_actions(&p, &s, &healthy());
+        assert_eq!(a.init_containers_to_start, [0, 2], "in spec order");
+        assert!(!a.kill_pod && a.containers_to_start.is_empty());
+    }
+
+    #[test]
+    fn a_sidecar_failing_its_liveness_probe_is_killed_and_restarted_even_in_a_never_pod() {
+        let p = pod("Never", &["sc"], &["a"]);
+        let s = status(
+            ready(),
+            vec![
+                status_of("a", ContainerState::Running, 0),
+                status_of("sc", ContainerState::Running, 0),
+            ],
+        );
+        let a = compute_pod_actions(&p, &s, &Probes::killing("sc", ProbeKill::Liveness));
+        assert_eq!(
+            a.containers_to_kill,
+            [ContainerToKill {
+                id: id("sc"),
+                name: "sc".into(),
+                message: "Init container sc failed liveness probe".into(),
+                probe: Some(ProbeKill::Liveness),
+            }]
+        );
+        assert_eq!(a.init_containers_to_start, [0]);
+        assert!(a.containers_to_start.is_empty() && !a.kill_pod);
+    }
+
+    #[test]
+    fn a_sidecar_failing_its_startup_probe_is_killed_and_restarted_and_the_sequence_waits() {
+        let p = with_startup_probe(pod("Always", &["sc", "i1"], &["a"]), "sc");
+        let s = status(
+            ready(),
+            vec![status_in(&p, "sc", ContainerState::Running, 0)],
+        );
+        let a = compute_pod_actions(&p, &s, &Probes::killing("sc", ProbeKill::Startup));
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Init container sc failed startup probe"
+        );
+        assert_eq!(a.containers_to_kill[0].probe, Some(ProbeKill::Startup));
+        assert_eq!(a.init_containers_to_start, [0], "i1 waits");
+    }
+
+    #[test]
+    fn a_sidecar_whose_spec_changed_is_replaced() {
+        let p = pod("Always", &["sc"], &["a"]);
+        let mut old = status_of("sc", ContainerState::Running, 0);
+        old.hash = "0000".into();
+        let s = status(
+            ready(),
+            vec![status_of("a", ContainerState::Running, 0), old],
+        );
+        let a = compute_pod_actions(&p, &s, &healthy());
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Init container sc definition changed"
+        );
+        assert_eq!(a.init_containers_to_start, [0]);
+    }
+
+    #[test]
+    fn sidecars_do_not_keep_a_pod_alive_once_its_regular_containers_are_done() {
+        let p = pod("Never", &["sc"], &["a"]);
+        let running = status(
+            ready(),
+            vec![
+                status_of("a", ContainerState::Exited, 0),
+                status_of("sc", ContainerState::Running, 0),
+            ],
+        );
+        let a = compute_pod_actions(&p, &running, &healthy());
+        assert!(a.kill_pod && !a.create_sandbox);
+        // The init sequence completed (i1 is the last) and then the sidecar exited too.
+        let exited = status(
+            ready(),
+            vec![
+                status_of("a", ContainerState::Exited, 0),
+                status_of("i1", ContainerState::Exited, 0),
+                status_of("sc", ContainerState::Exited, 0),
+            ],
+        );
+        let a = compute_pod_actions(&pod("Never", &["sc", "i1"], &["a"]), &exited, &healthy());
+        assert!(a.kill_pod);
+        assert!(
+            a.init_containers_to_start.is_empty(),
+            "a finished pod does not restart its sidecar: {a:?}"
+        );
+    }
+
+    #[test]
+    fn after_initialization_only_sidecars_run_again_when_their_status_is_gone() {
+        let p = pod("Always", &["i1", "sc"], &["a"]);
+        let s = status(ready(), vec![status_of("a", ContainerState::Running, 0)]);
+        let a = compute_pod_actions(&p, &s, &healthy());
+        assert_eq!(a.init_containers_to_start, [1]);
+        assert!(a.containers_to_start.is_empty() && !a.kill_pod);
+    }
+
+    #[test]
+    fn an_init_container_left_created_is_started_again() {
+        let p = pod("Never", &["i1", "i2"], &["a"]);
+        let s = status(
+            ready(),
+            vec![
+                status_of("i2", ContainerState::Created, 0),
+                status_of("i1", ContainerState::Exited, 0),
+            ],
+        );
+        assert_eq!(
+            compute_pod_actions(&p, &s, &healthy()).init_containers_to_start,
+            [1]
+        );
+    }
+
+    #[test]
+    fn an_init_container_in_an_unknown_state_is_stopped_before_it_runs_again() {
+        let s = status(ready(), vec![status_of("i1", ContainerState::Unknown, 0)]);
+        let a = compute_pod_actions(&pod("Always", &["i1"], &["a"]), &s, &healthy());
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Init container is in \"unknown\" state, try killing it before restart"
+        );
+        assert_eq!(a.init_containers_to_start, [0]);
+        let a = compute_pod_actions(&pod("Never", &["i1"], &["a"]), &s, &healthy());
+        assert!(a.kill_pod && a.init_failed.is_some(), "it failed: {a:?}");
+        let sidecar = status(ready(), vec![status_of("sc", ContainerState::Unknown, 0)]);
+        let a = compute_pod_actions(&pod("Never", &["sc"], &["a"]), &sidecar, &healthy());
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(a.init_containers_to_start, [0]);
+        assert!(!a.kill_pod);
+    }
+
+    #[test]
+    fn an_oom_killed_init_container_has_failed() {
+        let mut oom = status_of("i1", ContainerState::Exited, 0);
+        oom.reason = "OOMKilled".into();
+        let a = compute_pod_actions(
+            &pod("Never", &["i1"], &["a"]),
+            &status(ready(), vec![oom]),
+            &healthy(),
+        );
+        assert!(a.kill_pod && a.init_failed.is_some());
+        assert!(a.containers_to_start.is_empty());
+    }
+
+    #[test]
+    fn an_app_container_in_an_unknown_state_is_stopped_before_it_runs_again() {
+        let s = status(ready(), vec![status_of("a", ContainerState::Unknown, 0)]);
+        let a = compute_pod_actions(&pod("Always", &[], &["a"]), &s, &healthy());
+        assert_eq!(a.containers_to_start, [0]);
+        assert_eq!(a.containers_to_kill.len(), 1);
+        assert_eq!(
+            a.containers_to_kill[0].message,
+            "Container is in \"unknown\" state, try killing it before restart"
+        );
+    }
+
+    #[test]
+    fn a_new_sandbox_starts_the_init_sequence_again_sidecars_included() {
+        let s = status(
+            vec![sandbox("s1", SandboxState::NotReady, 0)],
+            vec![
+                status_of("a", ContainerState::Exited, 137),
+                status_of("sc", ContainerState::Exited, 137),
+            ],
+        );
+        let a = compute_pod_actions(&pod("Always", &["sc", "i1"], &["a"]), &s, &healthy());
+        assert!(a.create_sandbox && a.kill_pod);
+        assert_eq!(a.init_containers_to_start, [0]);
+        assert!(a.containers_to_start.is_empty());
     }
 }

@@ -595,6 +595,76 @@ pub fn supplemental_groups(pod: &Pod) -> Vec<i64> {
         .collect()
 }
 
+/// Who an image runs as when nothing overrides it (CRI `ImageStatus`: a numeric `uid`, else a
+/// user name); no user at all is root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImageUser {
+    Uid(i64),
+    Name(String),
+}
+
+impl ImageUser {
+    /// The image's user from its `ImageStatus`: the uid when set, else the name, else root.
+    pub fn of(image: &cri::Image) -> Self {
+        match (&image.uid, image.username.as_str()) {
+            (Some(uid), _) => Self::Uid(uid.value),
+            (None, "") => Self::Uid(0),
+            (None, name) => Self::Name(name.to_owned()),
+        }
+    }
+}
+
+/// Whether the container must not run as root: its `runAsNonRoot`, else the pod's.
+pub fn run_as_non_root(pod: &Pod, container: &Container) -> bool {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.run_as_non_root)
+        .or_else(|| pod_sc.and_then(|s| s.run_as_non_root))
+        .unwrap_or(false)
+}
+
+/// The kubelet's `verifyRunAsNonRoot`: with `runAsNonRoot` (the container's, else the pod's), the
+/// container must not run as uid 0, by its `runAsUser` (the container's, else the pod's) or, when
+/// none is set, by the image's user; a user name cannot be checked and is refused. The error is the
+/// kubelet's message for `CreateContainerConfigError`.
+pub fn verify_run_as_non_root(
+    pod: &Pod,
+    container: &Container,
+    image_user: &ImageUser,
+) -> Result<(), String> {
+    if !run_as_non_root(pod, container) {
+        return Ok(());
+    }
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = container.security_context.as_ref();
+    let pod_name = format!(
+        "{}_{}({})",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.uid.as_deref().unwrap_or_default()
+    );
+    let run_as_user = sc
+        .and_then(|s| s.run_as_user)
+        .or_else(|| pod_sc.and_then(|s| s.run_as_user));
+    match (run_as_user, image_user) {
+        (Some(0), _) => Err(format!(
+            "container's runAsUser breaks non-root policy (pod: \"{pod_name}\", container: {})",
+            container.name
+        )),
+        (None, ImageUser::Uid(0)) => Err(format!(
+            "container has runAsNonRoot and image will run as root (pod: \"{pod_name}\", container: {})",
+            container.name
+        )),
+        (Some(_), _) | (None, ImageUser::Uid(_)) => Ok(()),
+        (None, ImageUser::Name(name)) => Err(format!(
+            "container has runAsNonRoot and image has non-numeric user ({name}), cannot verify user is non-root (pod: \"{pod_name}\", container: {})",
+            container.name
+        )),
+    }
+}
+
 fn security_context(
     container: &Container,
     pod: &Pod,
@@ -943,6 +1013,93 @@ mod tests {
         assert_eq!(config.image.unwrap().image, "sha256:abc");
         assert_eq!(config.labels[labels::POD_UID], "u-1");
         assert_eq!(labels::restart_count(&config.annotations), 2);
+    }
+
+    fn non_root_pod(
+        pod_sc: &serde_json::Value,
+        container_sc: &serde_json::Value,
+    ) -> (Pod, Container) {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "p", "namespace": "ns", "uid": "u1" },
+            "spec": {
+                "securityContext": pod_sc,
+                "containers": [{ "name": "c", "securityContext": container_sc }],
+            },
+        }))
+        .unwrap();
+        let container = pod.spec.as_ref().unwrap().containers[0].clone();
+        (pod, container)
+    }
+
+    #[test]
+    fn run_as_non_root_refuses_root_by_spec_or_by_image() {
+        let root = ImageUser::Uid(0);
+        let (pod, c) = non_root_pod(&serde_json::json!({}), &serde_json::json!({}));
+        assert_eq!(
+            verify_run_as_non_root(&pod, &c, &root),
+            Ok(()),
+            "not asked for"
+        );
+        let (pod, c) = non_root_pod(
+            &serde_json::json!({ "runAsNonRoot": true }),
+            &serde_json::json!({}),
+        );
+        assert_eq!(
+            verify_run_as_non_root(&pod, &c, &root),
+            Err("container has runAsNonRoot and image will run as root (pod: \"p_ns(u1)\", container: c)".to_owned())
+        );
+        assert_eq!(
+            verify_run_as_non_root(&pod, &c, &ImageUser::Uid(1234)),
+            Ok(())
+        );
+        assert_eq!(
+            verify_run_as_non_root(&pod, &c, &ImageUser::Name("app".to_owned())),
+            Err("container has runAsNonRoot and image has non-numeric user (app), cannot verify user is non-root (pod: \"p_ns(u1)\", container: c)".to_owned())
+        );
+        let (pod, c) = non_root_pod(
+            &serde_json::json!({ "runAsNonRoot": true, "runAsUser": 1000 }),
+            &serde_json::json!({ "runAsUser": 0 }),
+        );
+        assert_eq!(
+            verify_run_as_non_root(&pod, &c, &ImageUser::Uid(1234)),
+            Err(
+                "container's runAsUser breaks non-root policy (pod: \"p_ns(u1)\", container: c)"
+                    .to_owned()
+            )
+        );
+        let (pod, c) = non_root_pod(
+            &serde_json::json!({ "runAsNonRoot": true }),
+            &serde_json::json!({ "runAsUser": 1000 }),
+        );
+        assert_eq!(
+            verify_run_as_non_root(&pod, &c, &root),
+            Ok(()),
+            "runAsUser wins over the image"
+        );
+        let (pod, c) = non_root_pod(
+            &serde_json::json!({ "runAsNonRoot": true }),
+            &serde_json::json!({ "runAsNonRoot": false }),
+        );
+        assert_eq!(
+            verify_run_as_non_root(&pod, &c, &root),
+            Ok(()),
+            "the container's setting wins"
+        );
+    }
+
+    #[test]
+    fn an_image_without_a_user_runs_as_root() {
+        let image = |uid: Option<i64>, name: &str| cri::Image {
+            uid: uid.map(|value| cri::Int64Value { value }),
+            username: name.to_owned(),
+            ..cri::Image::default()
+        };
+        assert_eq!(ImageUser::of(&image(None, "")), ImageUser::Uid(0));
+        assert_eq!(ImageUser::of(&image(Some(1234), "")), ImageUser::Uid(1234));
+        assert_eq!(
+            ImageUser::of(&image(None, "app")),
+            ImageUser::Name("app".to_owned())
+        );
     }
 
     #[test]

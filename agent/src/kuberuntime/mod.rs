@@ -7,7 +7,9 @@ pub mod backoff;
 pub mod changes;
 pub mod container;
 pub mod cri;
+pub mod etc_hosts;
 mod gc;
+mod image_pull;
 pub mod images;
 pub mod labels;
 pub mod logs;
@@ -18,6 +20,7 @@ mod smoke_tests;
 mod status;
 mod streaming;
 mod sync;
+mod termination_order;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -77,6 +80,13 @@ pub trait RuntimeHelper: Send + Sync {
     /// unchanged (liveness, or startup); `None` keeps it running.
     fn restart_reason(&self, _container: &ContainerId) -> Option<changes::ProbeKill> {
         None
+    }
+
+    /// Whether the container's startup probe has succeeded (asked only about containers that have
+    /// one: a sidecar with one lets the next init container start only then). Without a prober
+    /// nothing would ever say so, so the default treats the probe as passed.
+    fn startup_succeeded(&self, _container: &ContainerId) -> bool {
+        true
     }
 }
 

@@ -7,10 +7,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::Pod;
 use ringlet_proto::runtime::v1 as cri;
 
-use super::labels;
-
-/// Longest hostname the kernel accepts.
-const MAX_HOSTNAME_LEN: usize = 63;
+use super::{etc_hosts, labels};
 
 /// Why a sandbox config could not be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -63,24 +60,14 @@ pub fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
     }
 }
 
-/// The pod's hostname: `spec.hostname` or the pod name, cut to 63 characters without a trailing
-/// `-` or `.`; empty for host-network pods, which keep the node's hostname.
+/// The pod's hostname (see [`etc_hosts::hostname_and_domain`]: `hostnameOverride`, else
+/// `spec.hostname` or the pod name, cut to 63 characters); empty for host-network pods, which keep
+/// the node's hostname.
 pub fn hostname(pod: &Pod) -> String {
     if host_network(pod) {
         return String::new();
     }
-    let name = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.hostname.clone())
-        .filter(|h| !h.is_empty())
-        .or_else(|| pod.metadata.name.clone())
-        .unwrap_or_default();
-    let mut cut: String = name.chars().take(MAX_HOSTNAME_LEN).collect();
-    while cut.ends_with(['-', '.']) {
-        cut.pop();
-    }
-    cut
+    etc_hosts::hostname_and_domain(pod, "").0
 }
 
 fn port_mappings(pod: &Pod) -> Result<Vec<cri::PortMapping>, SandboxConfigError> {
@@ -273,5 +260,15 @@ mod tests {
         let mut p = pod(false);
         p.metadata.name = Some(format!("{}-x", "a".repeat(62)));
         assert_eq!(hostname(&p), "a".repeat(62));
+    }
+
+    #[test]
+    fn a_hostname_override_names_the_sandbox() {
+        let mut p = pod(false);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.hostname = Some("custom-host".to_owned());
+            spec.hostname_override = Some("override-host".to_owned());
+        }
+        assert_eq!(hostname(&p), "override-host");
     }
 }

@@ -1,10 +1,13 @@
 //! One pod sync and pod kills (the kubelet's `SyncPod`, `startContainer`, `killContainer`,
-//! `killPodWithSyncResult` and the image puller): carries out the actions `changes` decided, in the
+//! `killPodWithSyncResult`): carries out the actions `changes` decided, in the
 //! kubelet's order, applying crash-loop and image-pull back-off and recording every step's outcome.
 //! A started container's `postStart` hook runs before the sync moves on (a failure kills the
 //! container); a stopped container's `preStop` hook runs before the stop signal, within the grace
-//! period, and what it took is taken off the grace period.
+//! period, and what it took is taken off the grace period. When a pod with sidecars stops, every
+//! container runs its `preStop` hook at once, and the sidecars then wait for their turn
+//! (`termination_order`) before they are signalled.
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,13 +16,14 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use ringlet_proto::runtime::v1 as cri;
 use tokio::time::Instant;
 
-use super::changes::{PodActions, ProbeKill, compute_pod_actions};
+use super::changes::{PodActions, ProbeKill, ProbeVerdicts, compute_pod_actions, is_sidecar};
 use super::container::{
-    ContainerParams, EnvContext, container_config, make_env, termination_message_file,
+    ContainerParams, EnvContext, ImageUser, container_config, make_env, run_as_non_root,
+    termination_message_file, verify_run_as_non_root,
 };
-use super::images::{PullPolicy, normalize_image, pull_policy};
 use super::sandbox::{host_network, namespace_options, sandbox_config};
-use super::{CriError, KubeGenericRuntimeManager, labels};
+use super::termination_order::TerminationOrdering;
+use super::{CriError, KubeGenericRuntimeManager, RuntimeHelper, etc_hosts, labels};
 use crate::container::{
     ContainerId, ContainerState, PodStatus, PodSyncResult, PodUid, RunningPod, SyncAction,
     SyncFailure, SyncResult,
@@ -33,8 +37,11 @@ const DEFAULT_GRACE_SECONDS: i64 = 30;
 /// Shortest grace period a normal stop gets (an explicit override may be shorter).
 const MIN_GRACE_SECONDS: i64 = 2;
 const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+/// The domain of the names a pod with a `subdomain` gets in its hosts file. `clusterDomain` is
+/// not configurable yet (cluster DNS is not acted on); this is the value clusters use by default.
+const CLUSTER_DOMAIN: &str = "cluster.local";
 
-fn failure(reason: &str, message: impl Into<String>) -> SyncFailure {
+pub(super) fn failure(reason: &str, message: impl Into<String>) -> SyncFailure {
     SyncFailure {
         reason: reason.to_owned(),
         message: message.into(),
@@ -79,7 +86,7 @@ fn pod_name(pod: &Pod) -> &str {
     pod.metadata.name.as_deref().unwrap_or_default()
 }
 
-fn pod_uid(pod: &Pod) -> PodUid {
+pub(super) fn pod_uid(pod: &Pod) -> PodUid {
     PodUid::new(pod.metadata.uid.clone().unwrap_or_default())
 }
 
@@ -147,6 +154,19 @@ pub(super) fn stop_signal(container: &Container) -> cri::Signal {
     cri::Signal::from_str_name(&cri_name).unwrap_or(cri::Signal::RuntimeDefault)
 }
 
+/// The probe verdicts the rest of the agent keeps, as the pod's actions are decided on them.
+struct HelperVerdicts<'a>(&'a dyn RuntimeHelper);
+
+impl ProbeVerdicts for HelperVerdicts<'_> {
+    fn restart_reason(&self, id: &ContainerId) -> Option<ProbeKill> {
+        self.0.restart_reason(id)
+    }
+
+    fn startup_succeeded(&self, id: &ContainerId) -> bool {
+        self.0.startup_succeeded(id)
+    }
+}
+
 /// A container to stop and why.
 struct KillRequest<'a> {
     /// The pod's spec; `None` when it is gone (the container's annotations stand in for it).
@@ -162,6 +182,8 @@ struct KillRequest<'a> {
     grace_override: Option<i64>,
     /// The pod's IPs, when the caller knows them (for an `httpGet` preStop hook).
     pod_ips: Option<&'a [String]>,
+    /// When the container stops with the rest of a pod that has sidecars: when its turn comes.
+    ordering: Option<&'a TerminationOrdering>,
 }
 
 /// What a container start needs that is shared by every container of the sync.
@@ -190,7 +212,7 @@ impl KubeGenericRuntimeManager {
             ));
             return result;
         }
-        let actions = compute_pod_actions(pod, status, &|id| self.helper.restart_reason(id));
+        let actions = compute_pod_actions(pod, status, &HelperVerdicts(self.helper.as_ref()));
         tracing::debug!(pod = pod_name(pod), ?actions, "computed pod actions");
 
         if actions.kill_pod {
@@ -236,6 +258,7 @@ impl KubeGenericRuntimeManager {
                         annotated_grace: None,
                         grace_override: None,
                         pod_ips: Some(&status.ips),
+                        ordering: None,
                     })
                     .await;
                 let failed = outcome.is_err();
@@ -252,14 +275,15 @@ impl KubeGenericRuntimeManager {
             }
         }
 
-        if actions.next_init_container.is_none() && actions.containers_to_start.is_empty() {
+        if actions.init_containers_to_start.is_empty() && actions.containers_to_start.is_empty() {
             return result;
         }
         Box::pin(self.start_pod(pod, status, &actions, &mut result)).await;
         result
     }
 
-    /// Creates the sandbox if needed and starts the next init container or the app containers.
+    /// Creates the sandbox if needed and starts the init containers, then the app containers, the
+    /// actions name; a regular init container that cannot start stops the sync there.
     async fn start_pod(
         &self,
         pod: &Pod,
@@ -269,19 +293,17 @@ impl KubeGenericRuntimeManager {
     ) {
         let uid = pod_uid(pod);
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let targets: Vec<(SyncAction, &Container)> = match actions.next_init_container {
-            Some(i) => init_containers(pod)
-                .get(i)
-                .map(|c| (SyncAction::InitContainer, c))
-                .into_iter()
-                .collect(),
-            None => actions
-                .containers_to_start
-                .iter()
-                .filter_map(|&i| app_containers(pod).get(i))
-                .map(|c| (SyncAction::StartContainer, c))
-                .collect(),
-        };
+        let inits = actions
+            .init_containers_to_start
+            .iter()
+            .filter_map(|&i| init_containers(pod).get(i))
+            .map(|c| (SyncAction::InitContainer, c));
+        let apps = actions
+            .containers_to_start
+            .iter()
+            .filter_map(|&i| app_containers(pod).get(i))
+            .map(|c| (SyncAction::StartContainer, c));
+        let targets: Vec<(SyncAction, &Container)> = inits.chain(apps).collect();
 
         // The kubelet's volume manager prepared the volumes before this sync.
         let pod_dir = self.helper.pod_dir(&uid);
@@ -342,9 +364,16 @@ impl KubeGenericRuntimeManager {
                 Some(backoff) => Some(backoff),
                 None => self.start_container(&ctx, container).await,
             };
+            // The init sequence cannot go past a regular init container that did not start; a
+            // sidecar that did not start is retried while the rest goes on.
+            let blocks =
+                outcome.is_some() && action == SyncAction::InitContainer && !is_sidecar(container);
             result
                 .results
                 .push(step(action, container.name.clone(), outcome));
+            if blocks {
+                return;
+            }
         }
     }
 
@@ -584,6 +613,7 @@ impl KubeGenericRuntimeManager {
                 annotated_grace: None,
                 grace_override: None,
                 pod_ips: Some(ctx.pod_ips),
+                ordering: None,
             })
             .await;
         if let Err(kill) = killed {
@@ -602,6 +632,15 @@ impl KubeGenericRuntimeManager {
         restart_count: u32,
         image_id: &str,
     ) -> Result<cri::ContainerConfig, String> {
+        if run_as_non_root(ctx.pod, container) {
+            let image = self
+                .cri
+                .image_status(image_id)
+                .await
+                .map_err(|e| format!("inspecting image {image_id}: {e}"))?
+                .ok_or_else(|| format!("image {image_id} is not on the node"))?;
+            verify_run_as_non_root(ctx.pod, container, &ImageUser::of(&image))?;
+        }
         let log_dir = Path::new(&ctx.sandbox_config.log_directory).join(&container.name);
         tokio::fs::create_dir_all(&log_dir)
             .await
@@ -624,7 +663,9 @@ impl KubeGenericRuntimeManager {
                 if let Some(dir) = file.parent() {
                     tokio::fs::create_dir_all(dir).await?;
                 }
-                tokio::fs::write(&file, b"").await
+                tokio::fs::write(&file, b"").await?;
+                // As the kubelet: any user the container runs as may write its message.
+                tokio::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).await
             };
             created.await.map_err(|e| {
                 format!("creating termination message file {}: {e}", file.display())
@@ -632,6 +673,24 @@ impl KubeGenericRuntimeManager {
             mounts.push(cri::Mount {
                 container_path: message_path.to_owned(),
                 host_path: file.to_string_lossy().into_owned(),
+                ..cri::Mount::default()
+            });
+        }
+        if etc_hosts::is_managed_for(container, ctx.pod_ips) {
+            let (pod_dir, pod, pod_ips) = (
+                ctx.pod_dir.to_owned(),
+                ctx.pod.clone(),
+                ctx.pod_ips.to_vec(),
+            );
+            let hosts = tokio::task::spawn_blocking(move || {
+                etc_hosts::ensure(&pod_dir, &pod, &pod_ips, CLUSTER_DOMAIN)
+            })
+            .await
+            .map_err(|e| format!("writing the pod's hosts file: {e}"))?
+            .map_err(|e| format!("writing the pod's hosts file: {e}"))?;
+            mounts.push(cri::Mount {
+                container_path: etc_hosts::CONTAINER_PATH.to_owned(),
+                host_path: hosts.to_string_lossy().into_owned(),
                 ..cri::Mount::default()
             });
         }
@@ -675,128 +734,6 @@ impl KubeGenericRuntimeManager {
             config
         })
         .map_err(|e| e.to_string())
-    }
-
-    /// Makes sure the container's image is present per its pull policy; returns the image id to
-    /// create the container from. `ImageStatus` always comes first: a present image is never pulled
-    /// under `IfNotPresent`, and under `Always` a failed pull falls back to the present image.
-    async fn ensure_image(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        sandbox_config: &cri::PodSandboxConfig,
-    ) -> Result<String, SyncFailure> {
-        let object = || EventObject::container(pod, &container.name);
-        let spec_image = container.image.as_deref().unwrap_or_default();
-        let image = normalize_image(spec_image).map_err(|e| {
-            self.event(object(), EventType::Warning, "InspectFailed", e.to_string());
-            failure("InvalidImageName", e.to_string())
-        })?;
-        let policy = pull_policy(container.image_pull_policy.as_deref(), spec_image)
-            .map_err(|e| failure("ErrImagePull", e.to_string()))?;
-        let present = self
-            .cri
-            .image_status(&image)
-            .await
-            .map_err(|e| failure("ImageInspectError", e.to_string()))?
-            .map(|img| {
-                if img.id.is_empty() {
-                    image.clone()
-                } else {
-                    img.id
-                }
-            });
-
-        match (policy, present) {
-            (PullPolicy::Never, None) => {
-                let message = format!(
-                    "Container image \"{spec_image}\" is not present with pull policy of Never"
-                );
-                self.event(
-                    object(),
-                    EventType::Warning,
-                    "ErrImageNeverPull",
-                    message.clone(),
-                );
-                Err(failure("ErrImageNeverPull", message))
-            }
-            (PullPolicy::Never | PullPolicy::IfNotPresent, Some(id)) => Ok(id),
-            (PullPolicy::IfNotPresent, None) => {
-                self.pull(pod, container, &image, sandbox_config).await
-            }
-            (PullPolicy::Always, present) => {
-                match self.pull(pod, container, &image, sandbox_config).await {
-                    Ok(id) => Ok(id),
-                    Err(f) => match present {
-                        Some(id) => {
-                            self.event(
-                                object(),
-                                EventType::Warning,
-                                "PullFallback",
-                                format!(
-                                    "Pulling image \"{spec_image}\" failed ({}); using the image already present",
-                                    f.message
-                                ),
-                            );
-                            Ok(id)
-                        }
-                        None => Err(f),
-                    },
-                }
-            }
-        }
-    }
-
-    async fn pull(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        image: &str,
-        sandbox_config: &cri::PodSandboxConfig,
-    ) -> Result<String, SyncFailure> {
-        let object = || EventObject::container(pod, &container.name);
-        let spec_image = container.image.as_deref().unwrap_or_default();
-        let key = format!("{}/{image}", pod_uid(pod));
-        if self
-            .image_backoff
-            .in_backoff_since_update(&key, Instant::now())
-            .is_some()
-        {
-            let message = format!("Back-off pulling image \"{spec_image}\"");
-            self.event(object(), EventType::Normal, "BackOff", message.clone());
-            return Err(failure("ImagePullBackOff", message));
-        }
-        self.event(
-            object(),
-            EventType::Normal,
-            "Pulling",
-            format!("Pulling image \"{spec_image}\""),
-        );
-        match self
-            .cri
-            .pull_image(image, Some(sandbox_config.clone()))
-            .await
-        {
-            Ok(image_ref) => {
-                self.event(
-                    object(),
-                    EventType::Normal,
-                    "Pulled",
-                    format!("Successfully pulled image \"{spec_image}\""),
-                );
-                Ok(if image_ref.is_empty() {
-                    image.to_owned()
-                } else {
-                    image_ref
-                })
-            }
-            Err(e) => {
-                self.image_backoff.next(&key, Instant::now());
-                let message = format!("Failed to pull image \"{spec_image}\": {e}");
-                self.event(object(), EventType::Warning, "Failed", message.clone());
-                Err(failure("ErrImagePull", message))
-            }
-        }
     }
 
     /// Removes the pod's exited init containers so a new sandbox runs them all again.
@@ -852,17 +789,29 @@ impl KubeGenericRuntimeManager {
         if let (Some(handler), Some(container)) = (pre_stop, spec.as_ref())
             && grace > 0
         {
-            let spent = self.pre_stop(&kill, pod, container, handler, grace).await;
-            grace -= spent;
-            grace = if kill.grace_override.is_some() {
-                grace.max(0)
-            } else {
-                grace.max(MIN_GRACE_SECONDS)
-            };
+            grace -= self.pre_stop(&kill, pod, container, handler, grace).await;
         }
+        if let Some(ordering) = kill.ordering
+            && grace > 0
+        {
+            let limit = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+            let waited = ordering.wait_for_turn(kill.name, limit).await;
+            // Whole seconds, rounded down as the kubelet does.
+            grace -= i64::try_from(waited.as_secs()).unwrap_or(i64::MAX);
+        }
+        grace = if kill.grace_override.is_some() {
+            grace.max(0)
+        } else {
+            grace.max(MIN_GRACE_SECONDS)
+        };
         match self.cri.stop_container(kill.id.as_str(), grace).await {
             Err(e) if !e.is_not_found() => Err(e),
-            _ => Ok(()),
+            _ => {
+                if let Some(ordering) = kill.ordering {
+                    ordering.container_stopped(kill.name);
+                }
+                Ok(())
+            }
         }
     }
 
@@ -951,7 +900,8 @@ impl KubeGenericRuntimeManager {
         })
     }
 
-    /// Stops every live container (in parallel) and then every sandbox of the pod, recording each.
+    /// Stops every live container (in parallel; the sidecars of a pod in their turn) and then every
+    /// sandbox of the pod, recording each.
     async fn kill_pod_with_result(
         &self,
         pod: Option<&Pod>,
@@ -959,11 +909,17 @@ impl KubeGenericRuntimeManager {
         grace_override: Option<i64>,
         result: &mut PodSyncResult,
     ) {
-        let live = running
+        let live: Vec<_> = running
             .containers
             .iter()
-            .filter(|c| c.state != ContainerState::Exited);
-        let kills = live.map(|c| async move {
+            .filter(|c| c.state != ContainerState::Exited)
+            .collect();
+        let names: Vec<&str> = live.iter().map(|c| c.name.as_str()).collect();
+        let ordering = pod
+            .filter(|p| init_containers(p).iter().any(is_sidecar))
+            .map(|p| TerminationOrdering::new(p, &names));
+        let ordering = ordering.as_ref();
+        let kills = live.into_iter().map(|c| async move {
             let outcome = self
                 .kill_container(KillRequest {
                     pod,
@@ -974,6 +930,7 @@ impl KubeGenericRuntimeManager {
                     annotated_grace: None,
                     grace_override,
                     pod_ips: None,
+                    ordering,
                 })
                 .await;
             step(

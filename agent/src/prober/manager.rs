@@ -18,6 +18,7 @@ use super::results::{ProbeResult, ProbeResults, ResultUpdate, ResultUpdates};
 use super::worker::{Next, Thresholds, WorkerState};
 use crate::container::{CommandRunner, ContainerId, PodUid};
 use crate::events::Recorder;
+use crate::kuberuntime::changes::is_sidecar;
 use crate::metrics::{Metrics, ProbeLabels, ProbeOutcomeLabel};
 use crate::status::{ProbeView, StatusManager, wall_clock_now};
 
@@ -119,7 +120,7 @@ fn probed_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or_default()
         .iter()
-        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+        .filter(|c| is_sidecar(c));
     apps.iter().chain(sidecars)
 }
 
@@ -261,12 +262,14 @@ impl Worker {
     async fn run(self) {
         let thresholds = Thresholds::of(&self.spec);
         let period = Duration::from_secs(thresholds.period_seconds);
-        let never_restarts = self
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.restart_policy.as_deref())
-            == Some("Never");
+        // A sidecar runs again whenever it exits, whatever the pod's restart policy.
+        let never_restarts = !is_sidecar(&self.container)
+            && self
+                .pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.restart_policy.as_deref())
+                == Some("Never");
         let mut state = WorkerState::new(
             self.key.probe_type,
             self.key.pod.clone(),
@@ -447,6 +450,7 @@ mod tests {
         runner: Arc<Runner>,
         metrics: Metrics,
         results: ProbeResults,
+        status: StatusManager,
     }
 
     fn fixture(pod: &Pod) -> Fixture {
@@ -459,7 +463,7 @@ mod tests {
             ProbeManagerDeps {
                 runner: runner.clone(),
                 recorder: Recorder::new(None),
-                status,
+                status: status.clone(),
                 metrics: metrics.clone(),
                 results: results.clone(),
             },
@@ -471,6 +475,7 @@ mod tests {
             runner,
             metrics,
             results,
+            status,
         }
     }
 
@@ -619,5 +624,53 @@ mod tests {
         while f.handle.has_worker(&uid, "app", ProbeType::Readiness) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    fn exited(name: &str, id: &str) -> ApiContainerStatus {
+        ApiContainerStatus {
+            name: name.into(),
+            container_id: Some(format!("containerd://{id}")),
+            state: Some(ContainerState {
+                terminated: Some(k8s_openapi::api::core::v1::ContainerStateTerminated {
+                    exit_code: 1,
+                    ..Default::default()
+                }),
+                ..ContainerState::default()
+            }),
+            ..ApiContainerStatus::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sidecar_of_a_never_pod_keeps_its_probes_after_it_exited() {
+        let mut never = pod(every_ten_seconds());
+        let spec = never.spec.as_mut().unwrap();
+        spec.restart_policy = Some("Never".into());
+        spec.init_containers = Some(vec![Container {
+            name: "side".into(),
+            restart_policy: Some("Always".into()),
+            readiness_probe: Some(every_ten_seconds()),
+            ..Container::default()
+        }]);
+        let f = fixture(&never);
+        f.status.set_pod_status(
+            &never,
+            ApiPodStatus {
+                phase: Some("Running".into()),
+                container_statuses: Some(vec![exited("app", "c1")]),
+                init_container_statuses: Some(vec![exited("side", "s1")]),
+                ..ApiPodStatus::default()
+            },
+        );
+        f.handle.add_pod(&never);
+        let uid = PodUid::from("u1");
+        while f.handle.has_worker(&uid, "app", ProbeType::Readiness) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(PERIOD * 3).await;
+        assert!(
+            f.handle.has_worker(&uid, "side", ProbeType::Readiness),
+            "the sidecar runs again whatever the pod's restart policy"
+        );
     }
 }

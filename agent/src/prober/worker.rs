@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::ProbeType;
 use super::results::{ProbeResult, ProbeResults};
 use crate::container::{ContainerId, PodUid};
-use crate::status::CONTAINER_ID_SCHEME;
+use crate::status::parse_api_container_id;
 
 /// What the worker does this period.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl WorkerState {
         let Some(id) = container
             .container_id
             .as_deref()
-            .map(parse_container_id)
+            .and_then(parse_api_container_id)
             .filter(|id| !id.as_str().is_empty())
         else {
             return Next::Wait;
@@ -209,12 +209,6 @@ fn find<'a>(status: &'a ApiPodStatus, name: &str) -> Option<&'a ApiContainerStat
             .find(|c| c.name == name && c.container_id.as_deref().is_some_and(|id| !id.is_empty()))
     };
     with_id(&status.container_statuses).or_else(|| with_id(&status.init_container_statuses))
-}
-
-/// `containerd://<id>` → `<id>`.
-pub fn parse_container_id(id: &str) -> ContainerId {
-    let prefix = format!("{CONTAINER_ID_SCHEME}://");
-    ContainerId::from(id.strip_prefix(prefix.as_str()).unwrap_or(id))
 }
 
 #[cfg(test)]
@@ -321,6 +315,23 @@ mod tests {
         let mut no_id = status("c1", Some(0), true);
         no_id.container_statuses.as_mut().unwrap()[0].container_id = None;
         assert_eq!(w.next(Some(&no_id), at(0)), Next::Wait);
+        let mut no_scheme = status("c1", Some(0), true);
+        no_scheme.container_statuses.as_mut().unwrap()[0].container_id = Some("c1".into());
+        assert_eq!(w.next(Some(&no_scheme), at(0)), Next::Wait);
+    }
+
+    #[test]
+    fn the_container_is_found_whatever_runtime_named_it() {
+        let (mut w, results, _) = worker(ProbeType::Readiness, thresholds(0, 1, 3));
+        let mut s = status("c1", Some(0), true);
+        s.container_statuses.as_mut().unwrap()[0].container_id = Some("cri-o://c1".into());
+        assert_eq!(w.next(Some(&s), at(0)), probe_of("c1"));
+        w.record(ProbeResult::Success);
+        assert_eq!(
+            verdict(&results, ProbeType::Readiness, "c1"),
+            Some(ProbeResult::Success),
+            "the verdict is the runtime's container's"
+        );
     }
 
     #[test]

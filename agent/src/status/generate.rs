@@ -1,6 +1,8 @@
 //! The API status of a pod from the runtime's view of it (the kubelet's `generateAPIPodStatus`,
 //! `convertToAPIContainerStatuses`, `getPhase` and the condition generators of
-//! `pkg/kubelet/status/generate.go`).
+//! `pkg/kubelet/status/generate.go`), and whether a pod's readiness gates changed on the API server
+//! (`NeedToReconcilePodReadiness`). The conditions the kubelet does not own come from the pod as
+//! the API server has it, so the readiness gates are judged on what others set there.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState as ApiContainerState, ContainerStateRunning,
@@ -10,8 +12,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::CONTAINER_ID_SCHEME;
 use super::reason_cache::ReasonCache;
+use super::{api_container_id, is_kubelet_condition, parse_api_container_id};
 use crate::cm::qos_class;
 use crate::container::{
     ContainerId, ContainerState, ContainerStatus, PodStatus, PodUid, SandboxState,
@@ -27,13 +29,6 @@ const INITIALIZED: &str = "Initialized";
 const READY: &str = "Ready";
 const CONTAINERS_READY: &str = "ContainersReady";
 const POD_SCHEDULED: &str = "PodScheduled";
-const KUBELET_CONDITIONS: [&str; 5] = [
-    POD_READY_TO_START_CONTAINERS,
-    INITIALIZED,
-    READY,
-    CONTAINERS_READY,
-    POD_SCHEDULED,
-];
 
 /// What the prober says about a running container (the kubelet's `probeManager.UpdatePodStatus`).
 pub trait ProbeView {
@@ -60,8 +55,8 @@ impl ProbeView for NoProbes {
 pub struct StatusInputs<'a> {
     /// Start failures, shown as waiting reasons.
     pub reasons: &'a ReasonCache,
-    /// The previously generated status, whose start time, terminal phase, condition transition
-    /// times and foreign conditions are kept.
+    /// The previously generated status, whose start time, terminal phase and condition
+    /// transition times are kept.
     pub previous: Option<&'a ApiPodStatus>,
     /// The node's IP; host-network pods report it as their pod IP.
     pub host_ip: &'a str,
@@ -70,6 +65,9 @@ pub struct StatusInputs<'a> {
     pub pod_is_terminal: bool,
     /// Readiness and startup of running containers.
     pub probes: &'a dyn ProbeView,
+    /// The runtime's name as its `Version` call reported it, the scheme of the container ids;
+    /// `None` until it answered, and the container statuses have no id meanwhile.
+    pub runtime_name: Option<&'a str>,
 }
 
 /// The API status of `pod` given what the runtime reports for it.
@@ -104,6 +102,7 @@ fn generate_at(
         host_ip,
         pod_is_terminal,
         probes,
+        runtime_name,
     } = *inputs;
     let empty = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&empty);
@@ -117,20 +116,16 @@ fn generate_at(
         reasons,
         deleting,
         probes,
+        runtime_name,
     };
     let init_statuses: Vec<ApiContainerStatus> = init_specs
         .iter()
         .map(|c| context.container_status(c, ContainerKind::Init))
         .collect();
-    let app_kind = if init_specs.is_empty() {
-        ContainerKind::App
-    } else {
-        ContainerKind::AppAfterInit
-    };
     let app_statuses: Vec<ApiContainerStatus> = spec
         .containers
         .iter()
-        .map(|c| context.container_status(c, app_kind))
+        .map(|c| context.container_status(c, ContainerKind::App))
         .collect();
 
     // Static pods keep their phase when stopped (the kubelet's TerminatePod leaves them alone).
@@ -146,10 +141,13 @@ fn generate_at(
 
     let generation = pod.metadata.generation;
     let now_time = Time(truncate(now));
+    // Conditions owned by others (readiness gates) are theirs to set on the API server: they are
+    // kept as the watched pod has them, and the readiness gates are judged on them.
+    let foreign = foreign_conditions(pod);
     let mut conditions = vec![
         ready_to_start_condition(spec, runtime),
         initialized_condition(spec, &init_statuses, &app_statuses, phase),
-        ready_condition(spec, &init_statuses, &app_statuses, phase, previous),
+        ready_condition(spec, &init_statuses, &app_statuses, phase, &foreign),
         containers_ready_condition(spec, &init_statuses, &app_statuses, phase),
         PodCondition {
             type_: POD_SCHEDULED.to_owned(),
@@ -169,14 +167,7 @@ fn generate_at(
             _ => Some(now_time.clone()),
         };
     }
-    // Conditions owned by others (readiness gates) are kept as they were.
-    if let Some(old) = previous.and_then(|p| p.conditions.as_deref()) {
-        conditions.extend(
-            old.iter()
-                .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
-                .cloned(),
-        );
-    }
+    conditions.extend(foreign);
 
     let host_ips = (!host_ip.is_empty()).then(|| {
         vec![HostIP {
@@ -231,7 +222,7 @@ pub(super) fn with_container_readiness(
     let app = updated.container_statuses.clone().unwrap_or_default();
     let now = Time(truncate(wall_clock_now()));
     let fresh = [
-        ready_condition(spec, &init, &app, &phase, Some(status)),
+        ready_condition(spec, &init, &app, &phase, &foreign_conditions(pod)),
         containers_ready_condition(spec, &init, &app, &phase),
     ];
     let conditions = updated.conditions.get_or_insert_with(Vec::new);
@@ -273,13 +264,65 @@ fn find_by_id<'a>(
     status: &'a mut ApiPodStatus,
     id: &ContainerId,
 ) -> Option<&'a mut ApiContainerStatus> {
-    let wanted = format!("{CONTAINER_ID_SCHEME}://{id}");
     status
         .container_statuses
         .iter_mut()
         .flatten()
         .chain(status.init_container_statuses.iter_mut().flatten())
-        .find(|c| c.container_id.as_deref() == Some(wanted.as_str()))
+        .find(|c| {
+            c.container_id
+                .as_deref()
+                .and_then(parse_api_container_id)
+                .as_ref()
+                == Some(id)
+        })
+}
+
+/// The pod's conditions on the API server (as watched) that the kubelet does not own.
+fn foreign_conditions(pod: &Pod) -> Vec<PodCondition> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| !is_kubelet_condition(&c.type_))
+        .cloned()
+        .collect()
+}
+
+/// Whether the `Ready` condition the API server has for the pod is not what its readiness gates
+/// and container statuses there make it (the kubelet's `NeedToReconcilePodReadiness`): someone set
+/// a gate's condition, and the pod wants a sync so `Ready` follows. Only pods with readiness gates
+/// and a `Ready` condition already reported ask for it.
+pub fn needs_readiness_reconcile(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    if spec.readiness_gates.as_ref().is_none_or(Vec::is_empty) {
+        return false;
+    }
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let Some(current) = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == READY)
+    else {
+        return false;
+    };
+    let wanted = ready_condition(
+        spec,
+        status
+            .init_container_statuses
+            .as_deref()
+            .unwrap_or_default(),
+        status.container_statuses.as_deref().unwrap_or_default(),
+        status.phase.as_deref().unwrap_or_default(),
+        status.conditions.as_deref().unwrap_or_default(),
+    );
+    current.status != wanted.status || current.message != wanted.message
 }
 
 /// API times travel with second precision; truncating keeps regenerated statuses comparable.
@@ -300,10 +343,7 @@ fn api_time(nanos: i64) -> Option<Time> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ContainerKind {
     Init,
-    /// An app container of a pod without init containers.
     App,
-    /// An app container of a pod with init containers: it waits with `PodInitializing`.
-    AppAfterInit,
 }
 
 struct StatusContext<'a> {
@@ -313,11 +353,19 @@ struct StatusContext<'a> {
     reasons: &'a ReasonCache,
     deleting: bool,
     probes: &'a dyn ProbeView,
+    runtime_name: Option<&'a str>,
 }
 
 impl StatusContext<'_> {
     fn container_status(&self, container: &Container, kind: ContainerKind) -> ApiContainerStatus {
-        let waiting_reason = if kind == ContainerKind::AppAfterInit {
+        // Before it first runs, every container of a pod with init containers (init containers
+        // included) waits with `PodInitializing`, those of other pods with `ContainerCreating`.
+        let waiting_reason = if self
+            .spec
+            .init_containers
+            .as_ref()
+            .is_some_and(|i| !i.is_empty())
+        {
             "PodInitializing"
         } else {
             "ContainerCreating"
@@ -330,9 +378,9 @@ impl StatusContext<'_> {
         let newest = instances.next();
         let mut status = match newest {
             Some(current) => {
-                let mut status = convert(current);
+                let mut status = convert(current, self.runtime_name);
                 if let Some(previous) = instances.next() {
-                    status.last_state = convert(previous).state;
+                    status.last_state = convert(previous, self.runtime_name).state;
                 }
                 if status.image.is_empty() {
                     status.image = container.image.clone().unwrap_or_default();
@@ -415,8 +463,8 @@ impl StatusContext<'_> {
     }
 }
 
-fn convert(status: &ContainerStatus) -> ApiContainerStatus {
-    let container_id = format!("{CONTAINER_ID_SCHEME}://{}", status.id);
+fn convert(status: &ContainerStatus, runtime_name: Option<&str>) -> ApiContainerStatus {
+    let container_id = runtime_name.map(|name| api_container_id(name, &status.id));
     let state = match status.state {
         ContainerState::Running => ApiContainerState {
             running: Some(ContainerStateRunning {
@@ -439,7 +487,7 @@ fn convert(status: &ContainerStatus) -> ApiContainerStatus {
                     message: (!status.message.is_empty()).then(|| status.message.clone()),
                     started_at: api_time(status.started_at),
                     finished_at: api_time(status.finished_at),
-                    container_id: Some(container_id.clone()),
+                    container_id: container_id.clone(),
                     signal: None,
                 }),
                 ..ApiContainerState::default()
@@ -455,7 +503,7 @@ fn convert(status: &ContainerStatus) -> ApiContainerStatus {
         name: status.name.clone(),
         image: status.image.clone(),
         image_id: status.image_ref.clone(),
-        container_id: Some(container_id),
+        container_id,
         restart_count: i32::try_from(status.restart_count).unwrap_or(i32::MAX),
         state: Some(state),
         ..ApiContainerStatus::default()
@@ -492,18 +540,39 @@ fn get_phase(
 ) -> &'static str {
     let mut pending_init = 0;
     let mut failed_init = 0;
+    let (mut unknown, mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
     for container in spec.init_containers.as_deref().unwrap_or_default() {
-        let Some(status) = find(init, &container.name) else {
+        let status = find(init, &container.name);
+        if is_sidecar(container) {
+            // A sidecar counts with the regular containers, except that a stopped one does not
+            // count at all: it is restarted, or stopped with the pod.
+            let Some(status) = status else {
+                unknown += 1;
+                continue;
+            };
+            let state = status.state.as_ref();
+            let ran =
+                terminated(state).is_some() || terminated(status.last_state.as_ref()).is_some();
+            if state.is_some_and(|s| s.running.is_some()) {
+                if status.started != Some(true) {
+                    pending_init += 1;
+                }
+                running += 1;
+            } else if !ran {
+                pending_init += 1;
+                if state.is_some_and(|s| s.waiting.is_some()) {
+                    waiting += 1;
+                } else {
+                    unknown += 1;
+                }
+            }
+            continue;
+        }
+        let Some(status) = status else {
             pending_init += 1;
             continue;
         };
         let state = status.state.as_ref();
-        if is_sidecar(container) {
-            if state.is_none_or(|s| s.running.is_none()) {
-                pending_init += 1;
-            }
-            continue;
-        }
         if let Some(t) = terminated(state) {
             if t.exit_code != 0 {
                 pending_init += 1;
@@ -521,7 +590,6 @@ fn get_phase(
         }
     }
 
-    let (mut unknown, mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
     for container in &spec.containers {
         let Some(status) = find(app, &container.name) else {
             unknown += 1;
@@ -698,12 +766,14 @@ fn containers_ready_condition(
     }
 }
 
+/// `Ready` (the kubelet's `GeneratePodReadyCondition`): the containers are ready and every readiness
+/// gate names a condition among `conditions` that is True.
 fn ready_condition(
     spec: &PodSpec,
     init: &[ApiContainerStatus],
     app: &[ApiContainerStatus],
     phase: &str,
-    previous: Option<&ApiPodStatus>,
+    conditions: &[PodCondition],
 ) -> PodCondition {
     let containers_ready = containers_ready_condition(spec, init, app, phase);
     if containers_ready.status != "True" {
@@ -712,19 +782,13 @@ fn ready_condition(
             ..containers_ready
         };
     }
-    let old_conditions = previous
-        .and_then(|p| p.conditions.as_deref())
-        .unwrap_or_default();
     let unready: Vec<String> = spec
         .readiness_gates
         .as_deref()
         .unwrap_or_default()
         .iter()
-        .filter_map(|gate| {
-            match old_conditions
-                .iter()
-                .find(|c| c.type_ == gate.condition_type)
-            {
+        .filter_map(
+            |gate| match conditions.iter().find(|c| c.type_ == gate.condition_type) {
                 None => Some(format!(
                     "corresponding condition of pod readiness gate \"{}\" does not exist.",
                     gate.condition_type
@@ -734,8 +798,8 @@ fn ready_condition(
                     gate.condition_type, c.status
                 )),
                 Some(_) => None,
-            }
-        })
+            },
+        )
         .collect();
     if unready.is_empty() {
         condition(READY, true, None, None)
@@ -846,6 +910,7 @@ mod tests {
             host_ip: "192.168.1.10",
             pod_is_terminal: false,
             probes: &NoProbes,
+            runtime_name: Some("containerd"),
         }
     }
 
@@ -1195,6 +1260,93 @@ mod tests {
     }
 
     #[test]
+    fn containers_of_a_pod_with_init_containers_wait_with_pod_initializing_until_they_run() {
+        let reasons = ReasonCache::new();
+        let p = pod("Always", &["init1", "init2"], &["app"]);
+        let status = generate(&p, &runtime(vec![running("i1", "init1", 0)]), &reasons);
+        let init = status.init_container_statuses.as_ref().unwrap();
+        assert!(init[0].state.as_ref().unwrap().running.is_some());
+        let waiting = init[1].state.as_ref().unwrap().waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("PodInitializing"));
+        let waiting = app_state(&status, 0).waiting.as_ref().unwrap();
+        assert_eq!(waiting.reason.as_deref(), Some("PodInitializing"));
+        let status = generate(&p, &runtime(vec![]), &reasons);
+        let first = status.init_container_statuses.as_ref().unwrap()[0]
+            .state
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            first.waiting.as_ref().unwrap().reason.as_deref(),
+            Some("PodInitializing"),
+            "the first init container too"
+        );
+    }
+
+    fn sidecar_pod(policy: &str) -> Pod {
+        let mut p = pod(policy, &["side"], &["app"]);
+        let init = p.spec.as_mut().unwrap().init_containers.as_mut().unwrap();
+        init[0].restart_policy = Some("Always".to_owned());
+        p
+    }
+
+    fn phase_of(p: &Pod, containers: Vec<ContainerStatus>, probes: &dyn ProbeView) -> String {
+        let reasons = ReasonCache::new();
+        let status = generate_at(
+            p,
+            &runtime(containers),
+            &StatusInputs {
+                probes,
+                ..inputs(&reasons, None)
+            },
+            at(1_000),
+        );
+        status.phase.unwrap()
+    }
+
+    #[test]
+    fn a_sidecar_counts_for_the_phase_while_it_runs_and_not_once_it_stopped() {
+        let all = Verdicts {
+            started: &["s1", "a1"],
+            ready: &[],
+        };
+        let p = sidecar_pod("Never");
+        let not_started = Verdicts {
+            started: &[],
+            ready: &[],
+        };
+        assert_eq!(
+            phase_of(&p, vec![running("s1", "side", 0)], &not_started),
+            "Pending"
+        );
+        assert_eq!(
+            phase_of(&p, vec![running("s1", "side", 0)], &all),
+            "Pending",
+            "app not created yet"
+        );
+        let app_done = || exited("a1", "app", 0, 0);
+        assert_eq!(
+            phase_of(&p, vec![app_done(), running("s1", "side", 0)], &all),
+            "Running",
+            "the sidecar still runs"
+        );
+        assert_eq!(
+            phase_of(&p, vec![app_done(), exited("s1", "side", 137, 0)], &all),
+            "Succeeded",
+            "a sidecar stopped with the pod does not fail it"
+        );
+        let crash_looping = vec![
+            running("a1", "app", 0),
+            exited("s2", "side", 1, 1),
+            exited("s1", "side", 1, 0),
+        ];
+        assert_eq!(
+            phase_of(&sidecar_pod("Always"), crash_looping, &all),
+            "Running",
+            "a restarting sidecar does not make a running pod pending"
+        );
+    }
+
+    #[test]
     fn completed_init_container_lets_the_pod_run() {
         let reasons = ReasonCache::new();
         let status = generate(
@@ -1297,13 +1449,40 @@ mod tests {
         assert_eq!(second.start_time, Some(Time(at(100))));
     }
 
+    fn with_gates(mut p: Pod, gates: &[&str]) -> Pod {
+        p.spec.as_mut().unwrap().readiness_gates = Some(
+            gates
+                .iter()
+                .map(|gate| PodReadinessGate {
+                    condition_type: (*gate).to_owned(),
+                })
+                .collect(),
+        );
+        p
+    }
+
+    /// `pod` as the API server has it, with `conditions` set there.
+    fn watched(mut p: Pod, conditions: &[(&str, &str)]) -> Pod {
+        p.status = Some(ApiPodStatus {
+            conditions: Some(
+                conditions
+                    .iter()
+                    .map(|(kind, status)| PodCondition {
+                        type_: (*kind).to_owned(),
+                        status: (*status).to_owned(),
+                        ..PodCondition::default()
+                    })
+                    .collect(),
+            ),
+            ..ApiPodStatus::default()
+        });
+        p
+    }
+
     #[test]
     fn terminal_phase_and_foreign_conditions_are_kept() {
         let reasons = ReasonCache::new();
-        let mut p = pod("Never", &[], &["a"]);
-        p.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate {
-            condition_type: "example.com/gate".to_owned(),
-        }]);
+        let p = with_gates(pod("Never", &[], &["a"]), &["example.com/gate"]);
         let running_status = generate(&p, &runtime(vec![running("c", "a", 0)]), &reasons);
         let ready = cond(&running_status, READY);
         assert_eq!(ready.reason.as_deref(), Some("ReadinessGatesNotReady"));
@@ -1314,13 +1493,9 @@ mod tests {
             )
         );
 
-        let mut previous = generate(&p, &runtime(vec![exited("c", "a", 1, 0)]), &reasons);
+        let previous = generate(&p, &runtime(vec![exited("c", "a", 1, 0)]), &reasons);
         assert_eq!(previous.phase.as_deref(), Some("Failed"));
-        previous.conditions.as_mut().unwrap().push(PodCondition {
-            type_: "example.com/gate".to_owned(),
-            status: "True".to_owned(),
-            ..PodCondition::default()
-        });
+        let p = watched(p, &[("example.com/gate", "True"), (READY, "False")]);
         let mut gone = runtime(vec![]);
         gone.sandboxes.clear();
         let status = generate_at(&p, &gone, &inputs(&reasons, Some(&previous)), at(5_000));
@@ -1330,6 +1505,141 @@ mod tests {
             "terminal phase is final"
         );
         assert_eq!(cond(&status, "example.com/gate").status, "True");
+        let ready_conditions = status.conditions.iter().flatten();
+        assert_eq!(
+            ready_conditions.filter(|c| c.type_ == READY).count(),
+            1,
+            "the API server's Ready is not kept beside ours"
+        );
+    }
+
+    #[test]
+    fn readiness_gates_are_judged_on_the_conditions_the_api_server_has() {
+        let reasons = ReasonCache::new();
+        let gates = ["example.com/one", "example.com/two"];
+        let rt = runtime(vec![running("c", "a", 0)]);
+        let p = with_gates(pod("Always", &[], &["a"]), &gates);
+
+        let half = watched(p.clone(), &[(gates[0], "True"), (gates[1], "False")]);
+        let status = generate(&half, &rt, &reasons);
+        let ready = cond(&status, READY);
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("ReadinessGatesNotReady"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("the status of pod readiness gate \"example.com/two\" is not \"True\", but False")
+        );
+        assert_eq!(cond(&status, gates[0]).status, "True", "kept as set");
+
+        let open = watched(p.clone(), &[(gates[0], "True"), (gates[1], "True")]);
+        let status = generate_at(&open, &rt, &inputs(&reasons, Some(&status)), at(2_000));
+        assert_eq!(cond(&status, READY).status, "True");
+        assert_eq!(cond(&status, READY).message, None);
+        assert_eq!(
+            cond(&status, READY).last_transition_time,
+            Some(Time(at(2_000)))
+        );
+
+        // Set back to False on the API server: our own last status saying True does not count.
+        let closed = watched(p, &[(gates[0], "False"), (gates[1], "True")]);
+        let status = generate_at(&closed, &rt, &inputs(&reasons, Some(&status)), at(3_000));
+        assert_eq!(cond(&status, READY).status, "False");
+        assert_eq!(cond(&status, gates[0]).status, "False");
+    }
+
+    #[test]
+    fn a_readiness_verdict_judges_the_gates_on_the_watched_pod() {
+        let reasons = ReasonCache::new();
+        let gate = "example.com/gate";
+        let p = with_gates(pod("Always", &[], &["a"]), &[gate]);
+        let not_ready = Verdicts {
+            started: &["ca"],
+            ready: &[],
+        };
+        let status = generate_at(
+            &p,
+            &runtime(vec![running("ca", "a", 0)]),
+            &StatusInputs {
+                probes: &not_ready,
+                ..inputs(&reasons, None)
+            },
+            at(1_000),
+        );
+        let id = ContainerId::from("ca");
+        let open = watched(p, &[(gate, "True")]);
+        let ready = with_container_readiness(&open, &status, &id, true).unwrap();
+        assert_eq!(cond(&ready, READY).status, "True");
+    }
+
+    #[test]
+    fn a_gate_set_on_the_api_server_asks_for_a_readiness_reconcile() {
+        let gate = "example.com/gate";
+        let reasons = ReasonCache::new();
+        let p = with_gates(pod("Always", &[], &["a"]), &[gate]);
+        let reported = generate(&p, &runtime(vec![running("c", "a", 0)]), &reasons);
+        let on_api = |gate_status: Option<&str>| {
+            let mut api = p.clone();
+            let mut status = reported.clone();
+            if let Some(gate_status) = gate_status {
+                status.conditions.as_mut().unwrap().push(PodCondition {
+                    type_: gate.to_owned(),
+                    status: gate_status.to_owned(),
+                    ..PodCondition::default()
+                });
+            }
+            api.status = Some(status);
+            api
+        };
+        assert!(!needs_readiness_reconcile(&on_api(None)), "as reported");
+        assert!(needs_readiness_reconcile(&on_api(Some("True"))));
+        assert!(
+            needs_readiness_reconcile(&on_api(Some("False"))),
+            "the message changes"
+        );
+
+        let mut no_ready_yet = on_api(Some("True"));
+        let conditions = no_ready_yet.status.as_mut().unwrap().conditions.as_mut();
+        conditions.unwrap().retain(|c| c.type_ != READY);
+        assert!(!needs_readiness_reconcile(&no_ready_yet));
+
+        let mut no_gates = on_api(Some("True"));
+        no_gates.spec.as_mut().unwrap().readiness_gates = None;
+        assert!(!needs_readiness_reconcile(&no_gates));
+    }
+
+    #[test]
+    fn container_ids_are_named_after_the_runtime() {
+        let reasons = ReasonCache::new();
+        let p = pod("Always", &[], &["a"]);
+        let rt = runtime(vec![running("c2", "a", 1), exited("c1", "a", 1, 0)]);
+        let status = generate_at(
+            &p,
+            &rt,
+            &StatusInputs {
+                runtime_name: Some("cri-o"),
+                ..inputs(&reasons, None)
+            },
+            at(1_000),
+        );
+        let app = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(app.container_id.as_deref(), Some("cri-o://c2"));
+        let last = app
+            .last_state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!(last.container_id.as_deref(), Some("cri-o://c1"));
+        let marked = with_container_readiness(&p, &status, &ContainerId::from("c2"), false);
+        assert!(marked.is_some(), "found by its id whatever the scheme");
+
+        let unnamed = StatusInputs {
+            runtime_name: None,
+            ..inputs(&reasons, None)
+        };
+        let status = generate_at(&p, &rt, &unnamed, at(1_000));
+        assert_eq!(status.container_statuses.unwrap()[0].container_id, None);
     }
 
     #[test]

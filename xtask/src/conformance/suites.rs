@@ -101,6 +101,16 @@ pub const CI_SPECS: &[&str] = &[
     "[sig-storage] EmptyDir volumes should support (non-root,0666,tmpfs)",
     "[sig-storage] HostPath should support subPath",
     "[sig-storage] Downward API volume should update labels on modification",
+    "[sig-node] Pods should support pod readiness gates",
+    "[sig-node] Container Runtime blackbox test on terminated container should report termination message if TerminationMessagePath is set as non-root user and at a non-default path",
+    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart exec hook properly",
+    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute prestop http hook properly",
+    "[sig-node] InitContainer [NodeConformance] should not start app containers and fail the pod if init containers fail on a RestartNever pod",
+    "Probing restartable init container should be restarted with a exec \"cat /tmp/health\" liveness probe",
+    "Restartable Init Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart exec hook properly",
+    "[sig-node] KubeletManagedEtcHosts should test kubelet managed /etc/hosts file",
+    "[sig-node] Security Context When creating a container with runAsNonRoot [NodeConformance] should not run with an explicit root user ID",
+    "[sig-storage] EmptyDir volumes when FSGroup is specified [LinuxOnly] [NodeConformance] new files should be created with FSGroup ownership when container is non-root",
 ];
 
 /// Fails when a spec of [`CI_SPECS`] is not among the `selected` ones: a renamed spec must not

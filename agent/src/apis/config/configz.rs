@@ -46,6 +46,7 @@ impl KubeletConfiguration {
             "tlsPrivateKeyFile": path(&self.tls_private_key_file),
             "tlsCipherSuites": self.tls_cipher_suites,
             "tlsMinVersion": self.tls_min_version,
+            "allowedUnsafeSysctls": self.sysctls.allowed_unsafe(),
             "authentication": {
                 "x509": { "clientCAFile": path(&self.authentication.x509_client_ca_file) },
                 "webhook": {

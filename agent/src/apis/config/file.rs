@@ -76,7 +76,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "systemReservedCgroup",
     "kubeReservedCgroup",
     "enforceNodeAllocatable",
-    "allowedUnsafeSysctls",
     "volumePluginDir",
     "providerID",
     "kernelMemcgNotification",
@@ -141,6 +140,7 @@ pub(super) struct RawConfig {
     pub tls_cert_file: Option<String>,
     pub tls_private_key_file: Option<String>,
     pub tls_cipher_suites: Option<Vec<String>>,
+    pub allowed_unsafe_sysctls: Option<Vec<String>>,
     pub tls_min_version: Option<String>,
     pub client_ca_file: Option<String>,
     pub anonymous_auth: Option<bool>,
@@ -230,6 +230,7 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             "tlsCertFile" => raw.tls_cert_file = reader.string(),
             "tlsPrivateKeyFile" => raw.tls_private_key_file = reader.string(),
             "tlsCipherSuites" => raw.tls_cipher_suites = reader.string_list(),
+            "allowedUnsafeSysctls" => raw.allowed_unsafe_sysctls = reader.string_list(),
             "tlsMinVersion" => raw.tls_min_version = reader.string(),
             "streamingConnectionIdleTimeout" => {
                 raw.streaming_connection_idle_timeout = reader.duration();

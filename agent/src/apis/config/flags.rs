@@ -151,6 +151,11 @@ pub struct Flags {
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub tls_cipher_suites: Option<Vec<String>>,
 
+    /// Comma-separated unsafe sysctls (names, or prefixes ending in `*`) pods may set besides the
+    /// safe ones, e.g. `kernel.msg*,net.core.somaxconn` (config: allowedUnsafeSysctls).
+    #[arg(long, value_name = "SYSCTLS", value_delimiter = ',')]
+    pub allowed_unsafe_sysctls: Option<Vec<String>>,
+
     /// Minimum TLS version: `VersionTLS12` or `VersionTLS13` (config: tlsMinVersion).
     #[arg(long, value_name = "VERSION")]
     pub tls_min_version: Option<String>,
@@ -310,6 +315,10 @@ impl Flags {
         );
         set(&mut raw.tls_cipher_suites, self.tls_cipher_suites.as_ref());
         set(&mut raw.tls_min_version, self.tls_min_version.as_ref());
+        set(
+            &mut raw.allowed_unsafe_sysctls,
+            self.allowed_unsafe_sysctls.as_ref(),
+        );
         set(&mut raw.client_ca_file, self.client_ca_file.as_ref());
         set(&mut raw.anonymous_auth, self.anonymous_auth.as_ref());
         set(

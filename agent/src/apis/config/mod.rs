@@ -22,6 +22,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::io::IoEngineSetting;
+use crate::lifecycle::SysctlAllowlist;
 
 pub use duration::{DurationError, parse_duration};
 pub use flags::Flags;
@@ -187,6 +188,9 @@ pub struct KubeletConfiguration {
     pub tls_cipher_suites: Vec<String>,
     /// `tlsMinVersion`: `VersionTLS12` or `VersionTLS13`; `None` for the library's minimum.
     pub tls_min_version: Option<String>,
+    /// The sysctls pods may set: the safe ones and `allowedUnsafeSysctls` (names, or prefixes
+    /// ending in `*`, each known to be namespaced).
+    pub sysctls: SysctlAllowlist,
     /// `authentication`.
     pub authentication: Authentication,
     /// `authorization`.
@@ -238,6 +242,7 @@ impl Default for KubeletConfiguration {
             tls_cert_file: None,
             tls_private_key_file: None,
             tls_cipher_suites: Vec::new(),
+            sysctls: SysctlAllowlist::default(),
             tls_min_version: None,
             authentication: Authentication {
                 x509_client_ca_file: None,
@@ -818,6 +823,7 @@ fn build(
         tls_cert_file,
         tls_private_key_file,
         tls_cipher_suites: raw.tls_cipher_suites.unwrap_or_default(),
+        sysctls: sysctl_allowlist(raw.allowed_unsafe_sysctls, problems),
         tls_min_version: raw.tls_min_version.filter(|v| !v.is_empty()),
         authentication,
         authorization,
@@ -856,6 +862,22 @@ fn absolute_path(
 }
 
 /// The webhook is on by default only when there is an API server to ask.
+/// The safe sysctls and `allowedUnsafeSysctls`; an entry that is not a namespaced sysctl pattern
+/// is a problem.
+fn sysctl_allowlist(raw: Option<Vec<String>>, problems: &mut Vec<String>) -> SysctlAllowlist {
+    let allowed: Vec<String> = raw
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    SysctlAllowlist::new(&allowed).unwrap_or_else(|problem| {
+        problems.push(format!(
+            "allowedUnsafeSysctls (--allowed-unsafe-sysctls): {problem}"
+        ));
+        SysctlAllowlist::default()
+    })
+}
+
 fn build_authentication(
     raw: &RawConfig,
     defaults: &KubeletConfiguration,

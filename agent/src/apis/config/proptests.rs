@@ -40,6 +40,7 @@ const FIELDS: &[&str] = &[
     "tlsPrivateKeyFile",
     "tlsMinVersion",
     "tlsCipherSuites",
+    "allowedUnsafeSysctls",
     "authentication",
     "authorization",
     "evictionHard",

@@ -627,6 +627,38 @@ fn io_engine_from_file_and_flags() {
 }
 
 #[test]
+fn allowed_unsafe_sysctls_from_file_and_flags() {
+    let (config, _) = load_with_file(
+        &format!("{HEADER}allowedUnsafeSysctls: [\"kernel.msg*\", net.core.somaxconn]\n"),
+        &[],
+    )
+    .expect("loads");
+    assert_eq!(
+        config.kubelet.sysctls.allowed_unsafe(),
+        ["kernel.msg*", "net.core.somaxconn"]
+    );
+    let (config, _) = load_with_file(
+        HEADER,
+        &["--allowed-unsafe-sysctls", "kernel.sem,fs.mqueue.*"],
+    )
+    .expect("loads");
+    assert_eq!(
+        config.kubelet.sysctls.allowed_unsafe(),
+        ["kernel.sem", "fs.mqueue.*"]
+    );
+    let problems = invalid_problems(load_with_file(
+        HEADER,
+        &["--allowed-unsafe-sysctls", "vm.swappiness"],
+    ));
+    assert_eq!(
+        problems,
+        [
+            "allowedUnsafeSysctls (--allowed-unsafe-sysctls): the sysctl \"vm.swappiness\" is not known to be namespaced"
+        ]
+    );
+}
+
+#[test]
 fn node_registration_from_file_and_flags() {
     let yaml = format!(
         "{HEADER}registerNode: false\nregisterWithTaints:\n- {{key: a, value: b, effect: NoSchedule}}\n\
