@@ -6,6 +6,7 @@
 //! server, the node status and lease, the status syncer and the mirror pods run as tasks of their
 //! own, so the API server never holds up the loop.
 
+mod active_deadline;
 mod housekeeping;
 mod node_ip;
 mod node_status;
@@ -200,6 +201,7 @@ impl Kubelet {
             probes.updates,
         );
         let probe_handle = probe_manager.handle();
+        let queue = Arc::new(WorkQueue::default());
         let syncer = Arc::new(KubeletSyncer {
             runtime: Arc::clone(&runtime),
             status: status.clone(),
@@ -213,8 +215,8 @@ impl Kubelet {
             metrics: metrics.clone(),
             latency: latency.clone(),
             probes: probe_handle.clone(),
+            queue: Arc::clone(&queue),
         });
-        let queue = Arc::new(WorkQueue::default());
         let workers = PodWorkers::new(
             Arc::clone(&syncer) as Arc<dyn crate::pod_workers::PodSyncer>,
             Arc::clone(&cache),

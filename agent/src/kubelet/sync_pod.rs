@@ -2,7 +2,8 @@
 //! `syncTerminatedPod` in `pkg/kubelet/kubelet.go`): generate and store the pod's API status, make sure
 //! its cgroup exists, prepare its volumes (a volume that cannot be prepared is a `FailedMount` event
 //! and the pod does not start), let the runtime move it one step towards its spec; stop it; release
-//! what it held.
+//! what it held. A pod past its active deadline is Failed in its status, which stops it; one with a
+//! deadline ahead is queued for a sync at it.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -18,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::objects::ApiObjects;
 use crate::pleg::LatencyTracker;
 use crate::pod_workers::{
-    Cleanup, NETWORK_NOT_READY, PodSyncer, SyncError, SyncOutcome, UpdateType,
+    Cleanup, NETWORK_NOT_READY, PodSyncer, SyncError, SyncOutcome, UpdateType, WorkQueue,
 };
 use crate::podconfig::CONFIG_SEEN_ANNOTATION;
 use crate::prober::ProbeHandle;
@@ -27,6 +28,7 @@ use crate::status::{
 };
 use crate::volumes::VolumeManager;
 
+use super::active_deadline;
 use super::runtime_state::RuntimeState;
 
 /// What a pod sync needs; shared by every pod worker.
@@ -47,6 +49,8 @@ pub struct KubeletSyncer {
     /// Containers' readiness and startup; the pod's liveness and startup probes stop when it
     /// terminates, all of them once it is terminated.
     pub probes: ProbeHandle,
+    /// Where a pod is queued for a sync at its active deadline.
+    pub queue: Arc<WorkQueue>,
 }
 
 fn pod_object(pod: &Pod) -> String {
@@ -153,6 +157,23 @@ impl KubeletSyncer {
         );
         if stage == StatusStage::Final {
             api_status = final_pod_status(pod, api_status);
+        }
+        let now = active_deadline::unix_now();
+        if active_deadline::enforce(pod, &mut api_status, now) {
+            if previous.as_ref().and_then(|p| p.reason.as_deref()) != Some(active_deadline::REASON)
+            {
+                self.recorder.event(
+                    EventType::Normal,
+                    EventObject::pod(pod),
+                    active_deadline::REASON,
+                    active_deadline::MESSAGE,
+                );
+            }
+        } else if stage == StatusStage::Syncing
+            && let Some(left) = active_deadline::remaining(pod, &api_status, now)
+        {
+            // Nothing else may happen to the pod by then.
+            self.queue.enqueue(uid.clone(), left);
         }
         let phase = api_status.phase.clone();
         if self.status.set_pod_status(pod, api_status) {

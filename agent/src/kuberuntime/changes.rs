@@ -1,8 +1,10 @@
 //! What a pod sync has to do, decided from the spec, the runtime's view and the probes' verdicts
 //! alone (the kubelet's `computePodActions`; the init containers' part, restartable ones included,
-//! is `computeInitContainerActions`, in [`init`]). A pure function, so every decision is testable
-//! without a runtime; back-off and image checks happen later, in the sync itself.
+//! is `computeInitContainerActions`, in [`init`]; the ephemeral containers' in [`ephemeral`]). A
+//! pure function, so every decision is testable without a runtime; back-off and image checks
+//! happen later, in the sync itself.
 
+mod ephemeral;
 mod init;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -99,6 +101,8 @@ pub struct PodActions {
     /// Indexes into `spec.containers`.
     pub containers_to_start: Vec<usize>,
     pub containers_to_kill: Vec<ContainerToKill>,
+    /// Indexes into `spec.ephemeralContainers`.
+    pub ephemeral_containers_to_start: Vec<usize>,
 }
 
 fn init_containers(pod: &Pod) -> &[Container] {
@@ -311,6 +315,10 @@ pub fn compute_pod_actions(
     }
 
     let initialized = init::plan_init_containers(pod, status, policy, probes, &mut actions);
+    // Ephemeral containers may start while the pod initializes, not in a pod that is stopped.
+    if !actions.kill_pod {
+        actions.ephemeral_containers_to_start = ephemeral::to_start(pod, status);
+    }
     if actions.kill_pod || !initialized {
         // Failed, or still initializing: the regular containers wait.
         return actions;
@@ -322,6 +330,9 @@ pub fn compute_pod_actions(
     let known = |name: &str| {
         containers(pod).iter().any(|c| c.name == name)
             || init_containers(pod).iter().any(|c| c.name == name)
+            || ephemeral::ephemeral_containers(pod)
+                .iter()
+                .any(|c| c.name == name)
     };
     for s in &status.containers {
         if s.state == ContainerState::Running && !known(&s.name) {
@@ -338,6 +349,7 @@ pub fn compute_pod_actions(
         actions.kill_pod = true;
         // Sidecars serve the regular containers: they do not keep a finished pod alive.
         actions.init_containers_to_start.clear();
+        actions.ephemeral_containers_to_start.clear();
     }
     actions
 }

@@ -4,17 +4,22 @@
 //! with their prefix, values with `$(VAR)` expansion, downward-API field and resource references,
 //! ConfigMap and Secret keys, service variables), command and args, resources as cgroup settings,
 //! security context, log path and annotations. ConfigMaps, Secrets and Services are looked up
-//! before ([`EnvSources`]), so building the config is pure.
+//! before ([`EnvSources`]), so building the config is pure. An ephemeral container runs as the
+//! container its spec describes (`ephemeralContainerStartSpec`), in the PID namespace of its target
+//! container when it names one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EphemeralContainer, Pod, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ringlet_proto::runtime::v1 as cri;
 
 use super::labels;
 use crate::cm::{QosClass, parse_quantity, qos_class};
+use crate::container::ContainerId;
 use crate::objects::{ObjectError, ObjectLookup};
 
 /// CFS period the quota is expressed in (100 ms, the kernel's and the kubelet's default).
@@ -576,6 +581,59 @@ pub fn termination_message_file(pod_dir: &Path, container: &str, restart_count: 
 /// The container's log file relative to the sandbox log directory: `<name>/<restart count>.log`.
 pub fn log_path(container: &str, restart_count: u32) -> String {
     format!("{container}/{restart_count}.log")
+}
+
+/// The container an ephemeral container runs as (the kubelet's `ephemeralContainerStartSpec`): the
+/// API gives both the same fields; the target container only chooses the PID namespace
+/// ([`join_target_pid_namespace`]).
+pub fn ephemeral_container_spec(ephemeral: &EphemeralContainer) -> Container {
+    let e = ephemeral.clone();
+    Container {
+        args: e.args,
+        command: e.command,
+        env: e.env,
+        env_from: e.env_from,
+        image: e.image,
+        image_pull_policy: e.image_pull_policy,
+        lifecycle: e.lifecycle,
+        liveness_probe: e.liveness_probe,
+        name: e.name,
+        ports: e.ports,
+        readiness_probe: e.readiness_probe,
+        resize_policy: e.resize_policy,
+        resources: e.resources,
+        restart_policy: e.restart_policy,
+        restart_policy_rules: e.restart_policy_rules,
+        security_context: e.security_context,
+        startup_probe: e.startup_probe,
+        stdin: e.stdin,
+        stdin_once: e.stdin_once,
+        termination_message_path: e.termination_message_path,
+        termination_message_policy: e.termination_message_policy,
+        tty: e.tty,
+        volume_devices: e.volume_devices,
+        volume_mounts: e.volume_mounts,
+        working_dir: e.working_dir,
+    }
+}
+
+/// Puts an ephemeral container into the PID namespace of container `target` (CRI `TARGET` with
+/// `target_id`, the kubelet's `targetContainerName` handling), so it sees the processes it was
+/// started to debug. Only where the container would have a PID namespace of its own: in a pod
+/// that shares one (`shareProcessNamespace`) or uses the host's it already sees them.
+pub fn join_target_pid_namespace(config: &mut cri::ContainerConfig, target: &ContainerId) {
+    let Some(namespaces) = config
+        .linux
+        .as_mut()
+        .and_then(|linux| linux.security_context.as_mut())
+        .and_then(|security| security.namespace_options.as_mut())
+    else {
+        return;
+    };
+    if namespaces.pid() == cri::NamespaceMode::Container {
+        namespaces.set_pid(cri::NamespaceMode::Target);
+        namespaces.target_id = target.to_string();
+    }
 }
 
 /// The pod's extra groups for its sandbox and every container (the kubelet's
@@ -1268,5 +1326,89 @@ mod tests {
             env.skipped[0].message(),
             "Keys [P_bad=key, P_tab\tkey] from the EnvFrom configMap prod/odd were skipped since they are considered invalid environment variable names."
         );
+    }
+
+    #[test]
+    fn an_ephemeral_container_runs_as_the_container_its_spec_describes() {
+        let ephemeral: EphemeralContainer = serde_json::from_value(serde_json::json!({
+            "name": "debugger",
+            "image": "busybox",
+            "command": ["sh", "-c", "sleep 1"],
+            "stdin": true,
+            "tty": true,
+            "targetContainerName": "app",
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            "env": [{"name": "A", "value": "1"}],
+        }))
+        .unwrap();
+        let mut expected = serde_json::to_value(&ephemeral).unwrap();
+        expected
+            .as_object_mut()
+            .unwrap()
+            .remove("targetContainerName");
+        assert_eq!(
+            serde_json::to_value(ephemeral_container_spec(&ephemeral)).unwrap(),
+            expected
+        );
+    }
+
+    fn config_in(pod: &Pod, namespaces: cri::NamespaceOption) -> cri::ContainerConfig {
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        let ctx = EnvContext {
+            pod,
+            pod_ips: &[],
+            host_ip: None,
+            node_name: "n",
+            node_allocatable: &BTreeMap::new(),
+            sources: &EnvSources::default(),
+        };
+        let params = ContainerParams {
+            restart_count: 0,
+            envs: Vec::new(),
+            image_id: "sha256:abc",
+            mounts: Vec::new(),
+            namespaces,
+            cpu_cfs_quota: true,
+            memory_capacity_bytes: 0,
+        };
+        container_config(pod, c, &ctx, params).unwrap()
+    }
+
+    fn namespaces_of(config: &cri::ContainerConfig) -> cri::NamespaceOption {
+        config
+            .linux
+            .clone()
+            .unwrap()
+            .security_context
+            .unwrap()
+            .namespace_options
+            .unwrap()
+    }
+
+    #[test]
+    fn an_ephemeral_container_joins_its_targets_pid_namespace_unless_the_pod_shares_one() {
+        let pod = pod_with(vec![Container {
+            name: "debugger".into(),
+            ..Container::default()
+        }]);
+        let target = ContainerId::from("c0ffee");
+        let own = cri::NamespaceOption {
+            pid: cri::NamespaceMode::Container.into(),
+            ..cri::NamespaceOption::default()
+        };
+        let mut config = config_in(&pod, own);
+        join_target_pid_namespace(&mut config, &target);
+        let joined = namespaces_of(&config);
+        assert_eq!(joined.pid(), cri::NamespaceMode::Target);
+        assert_eq!(joined.target_id, "c0ffee");
+        for shared in [cri::NamespaceMode::Pod, cri::NamespaceMode::Node] {
+            let options = cri::NamespaceOption {
+                pid: shared.into(),
+                ..cri::NamespaceOption::default()
+            };
+            let mut config = config_in(&pod, options.clone());
+            join_target_pid_namespace(&mut config, &target);
+            assert_eq!(namespaces_of(&config), options, "{shared:?}");
+        }
     }
 }

@@ -12,14 +12,16 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod};
+
 use ringlet_proto::runtime::v1 as cri;
 use tokio::time::Instant;
 
 use super::changes::{PodActions, ProbeKill, ProbeVerdicts, compute_pod_actions, is_sidecar};
 use super::container::{
-    ContainerParams, EnvContext, ImageUser, container_config, make_env, run_as_non_root,
-    termination_message_file, verify_run_as_non_root,
+    ContainerParams, EnvContext, ImageUser, container_config, ephemeral_container_spec,
+    join_target_pid_namespace, make_env, run_as_non_root, termination_message_file,
+    verify_run_as_non_root,
 };
 use super::sandbox::{host_network, namespace_options, sandbox_config};
 use super::termination_order::TerminationOrdering;
@@ -99,6 +101,13 @@ fn init_containers(pod: &Pod) -> &[Container] {
 
 fn app_containers(pod: &Pod) -> &[Container] {
     pod.spec.as_ref().map_or(&[], |s| s.containers.as_slice())
+}
+
+fn ephemeral_containers(pod: &Pod) -> &[EphemeralContainer] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.ephemeral_containers.as_deref())
+        .unwrap_or_default()
 }
 
 /// The grace period to stop a container with: an override as given; otherwise the probe's own
@@ -275,15 +284,20 @@ impl KubeGenericRuntimeManager {
             }
         }
 
-        if actions.init_containers_to_start.is_empty() && actions.containers_to_start.is_empty() {
+        if actions.init_containers_to_start.is_empty()
+            && actions.containers_to_start.is_empty()
+            && actions.ephemeral_containers_to_start.is_empty()
+        {
             return result;
         }
         Box::pin(self.start_pod(pod, status, &actions, &mut result)).await;
         result
     }
 
-    /// Creates the sandbox if needed and starts the init containers, then the app containers, the
-    /// actions name; a regular init container that cannot start stops the sync there.
+    /// Creates the sandbox if needed and starts the ephemeral containers, the init containers,
+    /// then the app containers, the actions name; a regular init container that cannot start stops
+    /// the sync there. The ephemeral containers come first, as the kubelet starts them, so a pod
+    /// stuck in its init sequence can still be debugged.
     async fn start_pod(
         &self,
         pod: &Pod,
@@ -359,10 +373,20 @@ impl KubeGenericRuntimeManager {
             volumes: &volumes,
             pod_dir: &pod_dir,
         };
+        for &i in &actions.ephemeral_containers_to_start {
+            if let Some(ephemeral) = ephemeral_containers(pod).get(i) {
+                let outcome = self.start_ephemeral_container(&ctx, ephemeral).await;
+                result.results.push(step(
+                    SyncAction::StartContainer,
+                    ephemeral.name.clone(),
+                    outcome,
+                ));
+            }
+        }
         for (action, container) in targets {
             let outcome = match self.crash_loop_backoff(pod, container, status) {
                 Some(backoff) => Some(backoff),
-                None => self.start_container(&ctx, container).await,
+                None => Box::pin(self.start_container(&ctx, container, None)).await,
             };
             // The init sequence cannot go past a regular init container that did not start; a
             // sidecar that did not start is retried while the rest goes on.
@@ -486,11 +510,42 @@ impl KubeGenericRuntimeManager {
         None
     }
 
-    /// Image, config, `CreateContainer`, `StartContainer`. `None` on success.
+    /// An ephemeral container: never restarted, so no back-off; with a `targetContainerName`, in
+    /// the PID namespace of that container, which must exist (the kubelet's `getTargetID`).
+    async fn start_ephemeral_container(
+        &self,
+        ctx: &StartContext<'_>,
+        ephemeral: &EphemeralContainer,
+    ) -> Option<SyncFailure> {
+        let target = ephemeral
+            .target_container_name
+            .as_deref()
+            .filter(|name| !name.is_empty());
+        let target_id = match target.map(|name| (name, ctx.status.container(name))) {
+            None => None,
+            Some((_, Some(target))) => Some(target.id.clone()),
+            Some((name, None)) => {
+                let message = format!("unable to find target container {name}");
+                self.event(
+                    EventObject::container(ctx.pod, &ephemeral.name),
+                    EventType::Warning,
+                    "Failed",
+                    format!("Error: {message}"),
+                );
+                return Some(failure("CreateContainerConfigError", message));
+            }
+        };
+        let container = ephemeral_container_spec(ephemeral);
+        Box::pin(self.start_container(ctx, &container, target_id.as_ref())).await
+    }
+
+    /// Image, config, `CreateContainer`, `StartContainer`. `None` on success. `pid_target`: the
+    /// container whose PID namespace an ephemeral container joins.
     async fn start_container(
         &self,
         ctx: &StartContext<'_>,
         container: &Container,
+        pid_target: Option<&ContainerId>,
     ) -> Option<SyncFailure> {
         let pod = ctx.pod;
         let object = || EventObject::container(pod, &container.name);
@@ -503,7 +558,7 @@ impl KubeGenericRuntimeManager {
             .container(&container.name)
             .map_or(0, |c| c.restart_count + 1);
 
-        let config = match self
+        let mut config = match self
             .prepare_container_config(ctx, container, restart_count, &image_id)
             .await
         {
@@ -518,6 +573,9 @@ impl KubeGenericRuntimeManager {
                 return Some(failure("CreateContainerConfigError", message));
             }
         };
+        if let Some(target) = pid_target {
+            join_target_pid_namespace(&mut config, target);
+        }
 
         let id = match self
             .cri

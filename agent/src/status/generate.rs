@@ -2,7 +2,9 @@
 //! `convertToAPIContainerStatuses`, `getPhase` and the condition generators of
 //! `pkg/kubelet/status/generate.go`), and whether a pod's readiness gates changed on the API server
 //! (`NeedToReconcilePodReadiness`). The conditions the kubelet does not own come from the pod as
-//! the API server has it, so the readiness gates are judged on what others set there.
+//! the API server has it, so the readiness gates are judged on what others set there. Ephemeral
+//! containers have statuses of the same shape, which count for neither the phase nor the
+//! conditions.
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState as ApiContainerState, ContainerStateRunning,
@@ -18,6 +20,7 @@ use crate::cm::qos_class;
 use crate::container::{
     ContainerId, ContainerState, ContainerStatus, PodStatus, PodUid, SandboxState,
 };
+use crate::kuberuntime::container::ephemeral_container_spec;
 
 const PENDING: &str = "Pending";
 const RUNNING: &str = "Running";
@@ -188,12 +191,16 @@ fn generate_at(
         pod_ip: pod_ips.first().cloned(),
         pod_ips: (!pod_ips.is_empty())
             .then(|| pod_ips.into_iter().map(|ip| PodIP { ip }).collect()),
+        // After an agent restart the API server's start time stands: the pod did not start
+        // again, and its active deadline counts from it.
         start_time: previous
             .and_then(|p| p.start_time.clone())
+            .or_else(|| pod.status.as_ref().and_then(|s| s.start_time.clone()))
             .or(Some(now_time)),
         qos_class: Some(qos_class(pod).as_str().to_owned()),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(app_statuses),
+        ephemeral_container_statuses: context.ephemeral_statuses(),
         observed_generation: generation,
         ..ApiPodStatus::default()
     }
@@ -344,6 +351,8 @@ fn api_time(nanos: i64) -> Option<Time> {
 enum ContainerKind {
     Init,
     App,
+    /// Started once, never restarted, never probed: neither started nor ready.
+    Ephemeral,
 }
 
 struct StatusContext<'a> {
@@ -357,6 +366,18 @@ struct StatusContext<'a> {
 }
 
 impl StatusContext<'_> {
+    /// The ephemeral containers' statuses; `None` for a pod without any.
+    fn ephemeral_statuses(&self) -> Option<Vec<ApiContainerStatus>> {
+        let ephemeral = self.spec.ephemeral_containers.as_deref()?;
+        (!ephemeral.is_empty()).then(|| {
+            ephemeral
+                .iter()
+                .map(ephemeral_container_spec)
+                .map(|c| self.container_status(&c, ContainerKind::Ephemeral))
+                .collect()
+        })
+    }
+
     fn container_status(&self, container: &Container, kind: ContainerKind) -> ApiContainerStatus {
         // Before it first runs, every container of a pod with init containers (init containers
         // included) waits with `PodInitializing`, those of other pods with `ContainerCreating`.
@@ -404,8 +425,13 @@ impl StatusContext<'_> {
         let succeeded_init = kind == ContainerKind::Init
             && !is_sidecar(container)
             && terminated(status.state.as_ref()).is_some_and(|t| t.exit_code == 0);
+        let to_start = if kind == ContainerKind::Ephemeral {
+            newest.is_none() && !self.deleting
+        } else {
+            self.should_restart(container, newest)
+        };
         if !succeeded_init
-            && self.should_restart(container, newest)
+            && to_start
             && let Some(failure) = self.reasons.get(self.uid, &container.name)
         {
             if terminated(status.state.as_ref()).is_some() {
@@ -420,6 +446,9 @@ impl StatusContext<'_> {
             });
         }
 
+        if kind == ContainerKind::Ephemeral {
+            return status;
+        }
         let running = status.state.as_ref().is_some_and(|s| s.running.is_some());
         let regular_init = kind == ContainerKind::Init && !is_sidecar(container);
         // A running container has started once its startup probe (if any) succeeded, and is
@@ -1688,5 +1717,85 @@ mod tests {
         assert_eq!(t["containerID"], "containerd://c1");
         assert_eq!(t["startedAt"], "1970-01-01T00:00:11Z");
         assert_eq!(t["finishedAt"], "1970-01-01T00:00:12Z");
+    }
+
+    fn with_ephemeral(mut p: Pod, names: &[&str]) -> Pod {
+        if let Some(spec) = p.spec.as_mut() {
+            spec.ephemeral_containers = Some(
+                names
+                    .iter()
+                    .map(|n| k8s_openapi::api::core::v1::EphemeralContainer {
+                        name: (*n).to_owned(),
+                        image: Some("busybox".to_owned()),
+                        ..k8s_openapi::api::core::v1::EphemeralContainer::default()
+                    })
+                    .collect(),
+            );
+        }
+        p
+    }
+
+    #[test]
+    fn ephemeral_containers_have_statuses_of_their_own_that_leave_the_pod_alone() {
+        let p = with_ephemeral(pod("Always", &[], &["a"]), &["dbg", "dbg2", "dbg3"]);
+        let reasons = ReasonCache::new();
+        fail_start(&reasons, "dbg3", "ErrImagePull");
+        let rt = runtime(vec![
+            running("c1", "a", 0),
+            running("e1", "dbg", 0),
+            exited("e2", "dbg2", 1, 0),
+        ]);
+        let status = generate(&p, &rt, &reasons);
+        assert_eq!(status.phase.as_deref(), Some(RUNNING));
+        assert_eq!(cond(&status, READY).status, "True");
+        assert_eq!(status.container_statuses.as_ref().unwrap().len(), 1);
+        let ephemeral = status.ephemeral_container_statuses.as_ref().unwrap();
+        let names: Vec<&str> = ephemeral.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["dbg", "dbg2", "dbg3"]);
+        let dbg = &ephemeral[0];
+        assert!(dbg.state.as_ref().unwrap().running.is_some());
+        assert_eq!(dbg.container_id.as_deref(), Some("containerd://e1"));
+        assert_eq!((dbg.started, dbg.ready), (None, false));
+        assert_eq!(
+            terminated(ephemeral[1].state.as_ref()).unwrap().exit_code,
+            1,
+            "an exited ephemeral container is never restarted, so it does not wait"
+        );
+        let waiting = ephemeral[2].state.as_ref().unwrap().waiting.as_ref();
+        assert_eq!(
+            waiting.unwrap().reason.as_deref(),
+            Some("ErrImagePull"),
+            "one that could not start yet waits with the reason"
+        );
+        assert!(
+            generate(&pod("Always", &[], &["a"]), &rt, &reasons)
+                .ephemeral_container_statuses
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_start_time_is_kept_from_the_api_server_when_the_agent_has_none() {
+        let mut p = pod("Always", &[], &["a"]);
+        p.status = Some(ApiPodStatus {
+            start_time: Some(Time(at(500))),
+            ..ApiPodStatus::default()
+        });
+        let rt = runtime(vec![running("c1", "a", 0)]);
+        let status = generate(&p, &rt, &ReasonCache::new());
+        assert_eq!(status.start_time, Some(Time(at(500))));
+        let previous = ApiPodStatus {
+            start_time: Some(Time(at(700))),
+            ..ApiPodStatus::default()
+        };
+        let ours = generate_at(
+            &p,
+            &rt,
+            &inputs(&ReasonCache::new(), Some(&previous)),
+            at(1_000),
+        );
+        assert_eq!(ours.start_time, Some(Time(at(700))));
+        let fresh = generate(&pod("Always", &[], &["a"]), &rt, &ReasonCache::new());
+        assert_eq!(fresh.start_time, Some(Time(at(1_000))));
     }
 }
