@@ -826,36 +826,52 @@ impl Drop for Agent {
 /// with it), as a test's last resort when the agent it ran did not. Runs on a thread of its own,
 /// so it may be called from async tests too.
 pub fn remove_sandboxes_of_node(node: &str) -> Result<()> {
+    with_sandboxes_of_node(node, |client, sandboxes| async move {
+        for (id, name) in sandboxes {
+            eprintln!("removing sandbox {id} of {name}, left by the agent");
+            client.stop_pod_sandbox(&id).await?;
+            client.remove_pod_sandbox(&id).await?;
+        }
+        Ok(())
+    })
+}
+
+/// How many sandboxes of static pods of `node` the lab's containerd has.
+pub fn count_sandboxes_of_node(node: &str) -> Result<usize> {
+    with_sandboxes_of_node(node, |_, sandboxes| async move { Ok(sandboxes.len()) })
+}
+
+/// Runs `action` on the ids and names of the sandboxes of `node`'s static pods (named
+/// `<pod>-<node>`), with a CRI client, on a thread and runtime of its own.
+fn with_sandboxes_of_node<T, F, Fut>(node: &str, action: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(ringlet::kuberuntime::CriClient, Vec<(String, String)>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>>,
+{
     let suffix = format!("-{node}");
-    let remove = move || -> Result<()> {
+    let run = move || -> Result<T> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         runtime.block_on(async {
             let client =
                 ringlet::kuberuntime::CriClient::new(CONTAINERD_SOCKET, Duration::from_mins(1))?;
-            for sandbox in client.list_pod_sandbox(None).await? {
-                let name = sandbox
-                    .metadata
-                    .as_ref()
-                    .map(|m| m.name.as_str())
-                    .unwrap_or_default();
-                if !name.ends_with(&suffix) {
-                    continue;
-                }
-                eprintln!(
-                    "removing sandbox {} of {name}, left by the agent",
-                    sandbox.id
-                );
-                client.stop_pod_sandbox(&sandbox.id).await?;
-                client.remove_pod_sandbox(&sandbox.id).await?;
-            }
-            Ok(())
+            let sandboxes = client
+                .list_pod_sandbox(None)
+                .await?
+                .into_iter()
+                .filter_map(|sandbox| {
+                    let name = sandbox.metadata.map(|m| m.name).unwrap_or_default();
+                    name.ends_with(&suffix).then_some((sandbox.id, name))
+                })
+                .collect();
+            action(client, sandboxes).await
         })
     };
-    std::thread::spawn(remove)
+    std::thread::spawn(run)
         .join()
-        .map_err(|_| anyhow!("removing the sandboxes panicked"))?
+        .map_err(|_| anyhow!("listing the sandboxes panicked"))?
 }
 
 /// The directories below the v1 memory hierarchy's `kubepods` (three levels: `QoS`, pod, container)

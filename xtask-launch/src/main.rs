@@ -3,7 +3,8 @@
 //! Debian machine the xtask could not even be built to install them. This launcher has no
 //! dependencies: it installs the Debian packages that building needs when they are missing (as
 //! root, with apt-get), then replaces itself with `cargo run --package xtask` and the same
-//! arguments.
+//! arguments. That run is not `--quiet`: the first one builds the agent's library for minutes, and
+//! cargo's progress is what shows it is working.
 
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
@@ -27,7 +28,7 @@ fn main() -> ExitCode {
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let error = Command::new(&cargo)
-        .args(["run", "--quiet", "--package", "xtask", "--"])
+        .args(["run", "--package", "xtask", "--"])
         .args(std::env::args_os().skip(1))
         .exec();
     eprintln!(
