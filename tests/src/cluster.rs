@@ -53,6 +53,15 @@ pub fn require_cluster(test: &str) -> Option<Cluster> {
     skip_unless(test, cluster.missing()).then_some(cluster)
 }
 
+/// Both the lab's containerd and the control plane, for a test that joins an agent to the cluster;
+/// SKIP (a failure under `CI=true`) names what is missing.
+pub fn require_lab_and_cluster(test: &str) -> Option<Cluster> {
+    if !crate::require_lab(test) {
+        return None;
+    }
+    require_cluster(test)
+}
+
 /// The control plane on loopback.
 #[derive(Debug, Clone)]
 pub struct Cluster {

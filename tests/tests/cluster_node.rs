@@ -8,27 +8,19 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use ringlet_tests::cluster::{Cluster, require_cluster, run};
+use ringlet_tests::cluster::{Cluster, require_lab_and_cluster, run};
 use ringlet_tests::cluster_node::{
     ClusterNode, ClusterNodeOptions, NodeCredentials, api_server_daemon,
 };
 use ringlet_tests::{
     CONTAINERD_SOCKET, container_labels, container_status, containers_of_namespace, lab_containerd,
-    phase, require_lab, restart_lab_containerd, task_running, wait_for,
+    phase, restart_lab_containerd, task_running, wait_for,
 };
 use serde_json::Value;
 
 const START: Duration = Duration::from_mins(1);
 /// How soon a status the agent knows must be on the API server (the bound).
 const STATUS_ON_API: Duration = Duration::from_secs(2);
-
-/// Both the lab and the control plane, or SKIP (a failure under CI).
-fn require(test: &str) -> Option<Cluster> {
-    if !require_lab(test) {
-        return None;
-    }
-    require_cluster(test)
-}
 
 /// A one-container busybox pod bound to `node`, with no service account token (projected volumes
 /// are not served yet) and `extra` appended to the container.
@@ -88,7 +80,7 @@ fn container_id(pod: &Value) -> Option<String> {
 #[test]
 fn a_node_registers_turns_ready_renews_its_lease_and_reports_the_runtime() -> Result<()> {
     let test = "a_node_registers_turns_ready_renews_its_lease_and_reports_the_runtime";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(
@@ -203,7 +195,7 @@ fn assert_lease_renews(cluster: &Cluster, name: &str, node: &Value) -> Result<()
 #[test]
 fn a_node_is_not_ready_while_its_runtime_is_down() -> Result<()> {
     let test = "a_node_is_not_ready_while_its_runtime_is_down";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -232,7 +224,7 @@ fn a_node_is_not_ready_while_its_runtime_is_down() -> Result<()> {
 #[test]
 fn api_pods_run_report_their_status_and_stop_when_deleted() -> Result<()> {
     let test = "api_pods_run_report_their_status_and_stop_when_deleted";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -284,7 +276,7 @@ fn api_pods_run_report_their_status_and_stop_when_deleted() -> Result<()> {
 #[test]
 fn a_crash_loop_shows_its_restarts_and_back_off_through_the_api() -> Result<()> {
     let test = "a_crash_loop_shows_its_restarts_and_back_off_through_the_api";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -329,7 +321,7 @@ fn a_crash_loop_shows_its_restarts_and_back_off_through_the_api() -> Result<()> 
 #[test]
 fn kubectl_logs_and_exec_reach_the_node_through_the_api_server() -> Result<()> {
     let test = "kubectl_logs_and_exec_reach_the_node_through_the_api_server";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     // The API server connects to the node's Hostname address; `localhost` resolves to loopback.
@@ -404,7 +396,7 @@ fn kubectl_logs_and_exec_reach_the_node_through_the_api_server() -> Result<()> {
 #[test]
 fn static_pods_get_mirror_pods_that_follow_the_manifest() -> Result<()> {
     let test = "static_pods_get_mirror_pods_that_follow_the_manifest";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -456,7 +448,7 @@ spec:
 #[test]
 fn tls_bootstrap_gets_the_node_a_client_certificate() -> Result<()> {
     let test = "tls_bootstrap_gets_the_node_a_client_certificate";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(
@@ -487,7 +479,7 @@ fn tls_bootstrap_gets_the_node_a_client_certificate() -> Result<()> {
 #[test]
 fn an_agent_in_a_pod_joins_with_its_service_account() -> Result<()> {
     let test = "an_agent_in_a_pod_joins_with_its_service_account";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(
@@ -518,7 +510,7 @@ fn an_agent_in_a_pod_joins_with_its_service_account() -> Result<()> {
 #[test]
 fn a_pod_that_does_not_fit_fails_with_the_kubelets_reason() -> Result<()> {
     let test = "a_pod_that_does_not_fit_fails_with_the_kubelets_reason";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -547,7 +539,7 @@ fn a_pod_that_does_not_fit_fails_with_the_kubelets_reason() -> Result<()> {
 #[test]
 fn pods_keep_running_through_an_api_server_outage_and_statuses_catch_up() -> Result<()> {
     let test = "pods_keep_running_through_an_api_server_outage_and_statuses_catch_up";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -638,7 +630,7 @@ fn pods_keep_running_through_an_api_server_outage_and_statuses_catch_up() -> Res
 #[test]
 fn a_killed_agent_adopts_its_containers_after_a_restart() -> Result<()> {
     let test = "a_killed_agent_adopts_its_containers_after_a_restart";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let mut node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -691,7 +683,7 @@ fn a_killed_agent_adopts_its_containers_after_a_restart() -> Result<()> {
 #[test]
 fn a_node_registered_by_another_machine_is_taken_over_with_a_warning() -> Result<()> {
     let test = "a_node_registered_by_another_machine_is_taken_over_with_a_warning";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let mut node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -766,7 +758,7 @@ fn an_unusable_kubeconfig_stops_the_agent_with_the_reason() -> Result<()> {
 #[test]
 fn a_refused_identity_is_logged_with_the_user_and_the_verb() -> Result<()> {
     let test = "a_refused_identity_is_logged_with_the_user_and_the_verb";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     // A certificate for some other user: authenticated, but not a node.

@@ -10,20 +10,12 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
-use ringlet_tests::cluster::{Cluster, require_cluster, run};
+use ringlet_tests::cluster::{require_lab_and_cluster, run};
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
 use ringlet_tests::{Agent, AgentOptions, container_status, require_lab, wait_for};
 use serde_json::Value;
 
 const START: Duration = Duration::from_mins(1);
-
-/// Both the lab and the control plane, or SKIP (a failure under CI).
-fn require(test: &str) -> Option<Cluster> {
-    if !require_lab(test) {
-        return None;
-    }
-    require_cluster(test)
-}
 
 /// A pod bound to `node` with `containers` (YAML list items at two spaces) and an `emptyDir`
 /// named `ctl` (plus `volumes`, more list items), no service account token.
@@ -161,7 +153,7 @@ fn probe_metrics(node: &ClusterNode) -> Result<String> {
 #[test]
 fn a_readiness_http_probe_makes_the_pod_ready_only_while_its_server_answers() -> Result<()> {
     let test = "a_readiness_http_probe_makes_the_pod_ready_only_while_its_server_answers";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -233,7 +225,7 @@ fn a_readiness_http_probe_makes_the_pod_ready_only_while_its_server_answers() ->
 #[test]
 fn a_failing_liveness_exec_probe_restarts_the_container() -> Result<()> {
     let test = "a_failing_liveness_exec_probe_restarts_the_container";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -281,7 +273,7 @@ fn a_failing_liveness_exec_probe_restarts_the_container() -> Result<()> {
 #[test]
 fn a_startup_probe_holds_liveness_back_until_it_succeeds() -> Result<()> {
     let test = "a_startup_probe_holds_liveness_back_until_it_succeeds";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -347,7 +339,7 @@ fn build_grpc_server(dir: &Path) -> Result<()> {
 #[test]
 fn tcp_and_grpc_probes_reach_servers_in_the_pod() -> Result<()> {
     let test = "tcp_and_grpc_probes_reach_servers_in_the_pod";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let bin = tempfile::Builder::new().prefix("ringlet-grpc-").tempdir()?;
@@ -404,7 +396,7 @@ fn tcp_and_grpc_probes_reach_servers_in_the_pod() -> Result<()> {
 #[test]
 fn bad_probes_give_the_kubelets_results_and_events_without_hanging_the_agent() -> Result<()> {
     let test = "bad_probes_give_the_kubelets_results_and_events_without_hanging_the_agent";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -497,7 +489,7 @@ fn log_lines(dir: &Path) -> Vec<String> {
 #[test]
 fn post_start_and_pre_stop_hooks_run_around_a_restart_within_the_grace_period() -> Result<()> {
     let test = "post_start_and_pre_stop_hooks_run_around_a_restart_within_the_grace_period";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -599,7 +591,7 @@ fn post_start_and_pre_stop_hooks_run_around_a_restart_within_the_grace_period() 
 #[test]
 fn a_failing_post_start_hook_kills_the_container() -> Result<()> {
     let test = "a_failing_post_start_hook_kills_the_container";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;

@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use ringlet_tests::cluster::{Cluster, require_cluster, run};
+use ringlet_tests::cluster::{require_lab_and_cluster, run};
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
-use ringlet_tests::{container_status, phase, require_lab};
+use ringlet_tests::{container_status, phase};
 use serde_json::Value;
 
 const START: Duration = Duration::from_mins(1);
@@ -20,14 +20,6 @@ const START: Duration = Duration::from_mins(1);
 const READY_FOLLOWS: Duration = Duration::from_secs(5);
 const GATE_1: &str = "k8s.io/test-condition1";
 const GATE_2: &str = "k8s.io/test-condition2";
-
-/// Both the lab and the control plane, or SKIP (a failure under CI).
-fn require(test: &str) -> Option<Cluster> {
-    if !require_lab(test) {
-        return None;
-    }
-    require_cluster(test)
-}
 
 fn condition<'a>(pod: &'a Value, kind: &str) -> Option<&'a Value> {
     pod["status"]["conditions"]
@@ -61,7 +53,7 @@ fn set_gate(node: &ClusterNode, gate: &str, status: &str) -> Result<()> {
 #[test]
 fn ready_follows_the_readiness_gates_set_on_the_api_server() -> Result<()> {
     let test = "ready_follows_the_readiness_gates_set_on_the_api_server";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;

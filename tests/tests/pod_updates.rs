@@ -7,20 +7,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use ringlet_tests::cluster::{Cluster, require_cluster, run};
+use ringlet_tests::cluster::{require_lab_and_cluster, run};
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
-use ringlet_tests::{container_status, phase, require_lab};
+use ringlet_tests::{container_status, phase};
 use serde_json::{Value, json};
 
 const START: Duration = Duration::from_mins(1);
-
-/// Both the lab and the control plane, or SKIP (a failure under CI).
-fn require(test: &str) -> Option<Cluster> {
-    if !require_lab(test) {
-        return None;
-    }
-    require_cluster(test)
-}
 
 fn ephemeral_status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
     pod["status"]["ephemeralContainerStatuses"]
@@ -93,7 +85,7 @@ fn add_ephemeral(node: &ClusterNode, name: &str, target: Option<&str>, sleep: &s
 #[test]
 fn ephemeral_containers_start_once_in_their_targets_pid_namespace() -> Result<()> {
     let test = "ephemeral_containers_start_once_in_their_targets_pid_namespace";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
@@ -156,7 +148,7 @@ fn ephemeral_containers_start_once_in_their_targets_pid_namespace() -> Result<()
 #[test]
 fn a_pod_is_stopped_and_failed_at_an_active_deadline_set_while_it_runs() -> Result<()> {
     let test = "a_pod_is_stopped_and_failed_at_an_active_deadline_set_while_it_runs";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use ringlet_tests::cluster::{Cluster, output_with_input, require_cluster, run, run_with_input};
+use ringlet_tests::cluster::{
+    Cluster, output_with_input, require_lab_and_cluster, run, run_with_input,
+};
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
 use ringlet_tests::{Agent, AgentOptions, container_status, phase, require_lab, wait_for};
 use serde_json::{Value, json};
@@ -18,14 +20,6 @@ use serde_json::{Value, json};
 const START: Duration = Duration::from_mins(1);
 /// Runs until SIGTERM, then exits 0.
 const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
-
-/// Both the lab and the control plane, or SKIP (a failure under CI).
-fn require(test: &str) -> Option<Cluster> {
-    if !require_lab(test) {
-        return None;
-    }
-    require_cluster(test)
-}
 
 /// A node the API server can reach for `kubectl exec`, with `args`.
 fn exec_node(test: &str, cluster: &Cluster, args: &[&str]) -> Result<ClusterNode> {
@@ -159,7 +153,7 @@ fn wait_event(node: &ClusterNode, object: &str, reason: &str, text: &str) -> Res
 #[allow(clippy::too_many_lines, reason = "one pod, every kind of volume")]
 fn api_volumes_hold_their_objects_and_leave_with_the_pod() -> Result<()> {
     let test = "api_volumes_hold_their_objects_and_leave_with_the_pod";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = exec_node(test, &cluster, &[])?;
@@ -393,7 +387,7 @@ done"#;
 #[test]
 fn an_updated_config_map_reaches_the_files_atomically_within_the_sync_period() -> Result<()> {
     let test = "an_updated_config_map_reaches_the_files_atomically";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let sync = Duration::from_secs(5);
@@ -481,7 +475,7 @@ fn env_of(node: &ClusterNode, pod: &str) -> Result<BTreeMap<String, String>> {
 #[allow(clippy::too_many_lines, reason = "every source of the environment")]
 fn a_pod_gets_its_default_token_env_from_key_refs_and_service_links() -> Result<()> {
     let test = "a_pod_gets_its_default_token_env_from_key_refs_and_service_links";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = exec_node(test, &cluster, &[])?;
@@ -617,7 +611,7 @@ fn a_pod_gets_its_default_token_env_from_key_refs_and_service_links() -> Result<
 #[allow(clippy::too_many_lines, reason = "every kind of bad input")]
 fn bad_references_and_paths_give_the_kubelets_reasons() -> Result<()> {
     let test = "bad_references_and_paths_give_the_kubelets_reasons";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     // No safety relist during the test: a pod that never reached the runtime is retried, and

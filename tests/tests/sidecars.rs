@@ -8,20 +8,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ringlet_tests::cluster::{Cluster, require_cluster};
+use ringlet_tests::cluster::require_lab_and_cluster;
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
-use ringlet_tests::{container_status, phase, require_lab, wait_for};
+use ringlet_tests::{container_status, phase, wait_for};
 use serde_json::Value;
 
 const START: Duration = Duration::from_mins(1);
-
-/// Both the lab and the control plane, or SKIP (a failure under CI).
-fn require(test: &str) -> Option<Cluster> {
-    if !require_lab(test) {
-        return None;
-    }
-    require_cluster(test)
-}
 
 /// The status of init container `name`.
 fn init_status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
@@ -123,7 +115,7 @@ spec:
 #[test]
 fn a_sidecar_starts_before_the_app_restarts_alone_and_stops_after_it() -> Result<()> {
     let test = "a_sidecar_starts_before_the_app_restarts_alone_and_stops_after_it";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;

@@ -11,22 +11,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ringlet_tests::cluster::{Cluster, require_cluster, run, run_with_input};
+use ringlet_tests::cluster::{Cluster, require_lab_and_cluster, run, run_with_input};
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
-use ringlet_tests::{container_status, phase, require_lab, wait_for};
+use ringlet_tests::{container_status, phase, wait_for};
 use serde_json::{Value, json};
 
 const START: Duration = Duration::from_mins(1);
 /// Runs until SIGTERM, then exits 0.
 const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
-
-/// Both the lab and the control plane, or SKIP (a failure under CI).
-fn require(test: &str) -> Option<Cluster> {
-    if !require_lab(test) {
-        return None;
-    }
-    require_cluster(test)
-}
 
 /// A node the API server can reach for `kubectl exec`, syncing its pods every 5 s.
 fn exec_node(test: &str, cluster: &Cluster) -> Result<ClusterNode> {
@@ -87,7 +79,7 @@ fn agent_log(node: &ClusterNode) -> String {
 )]
 fn an_fs_group_owns_the_volumes_of_a_non_root_pod() -> Result<()> {
     let test = "an_fs_group_owns_the_volumes_of_a_non_root_pod";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = exec_node(test, &cluster)?;
@@ -201,7 +193,7 @@ spec:
 #[test]
 fn a_sub_path_through_a_planted_link_is_refused_and_creates_nothing_outside() -> Result<()> {
     let test = "a_sub_path_through_a_planted_link_is_refused";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = exec_node(test, &cluster)?;
@@ -298,7 +290,7 @@ spec:
 #[test]
 fn a_teardown_never_empties_a_mount_below_the_pod() -> Result<()> {
     let test = "a_teardown_never_empties_a_mount_below_the_pod";
-    let Some(cluster) = require(test) else {
+    let Some(cluster) = require_lab_and_cluster(test) else {
         return Ok(());
     };
     let node = ClusterNode::start(test, &cluster, ClusterNodeOptions::default())?;
