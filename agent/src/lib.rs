@@ -16,6 +16,7 @@ pub mod io;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod logs;
 pub mod memory;
 pub mod metrics;
 pub mod nodelease;

@@ -28,7 +28,9 @@ use ringlet::kubelet::{
     ApiParts, Kubelet, KubeletDeps, KubeletServerHost, KubeletSettings, NodeHelper,
     NodeStatusSettings, ProbeDeps, RunPodResult,
 };
+use ringlet::kuberuntime::dns::DnsConfigurer;
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
+use ringlet::logs::{ContainerLogManager, LogRotatePolicy};
 use ringlet::memory;
 use ringlet::metrics::Metrics;
 use ringlet::objects::ApiObjects;
@@ -130,6 +132,8 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let (probe_results, probe_updates) = ProbeResults::new();
     let helper = node_helper(&config, &pod_cgroups, node, objects.clone(), &probe_results);
     let runtime_manager = build_runtime(&config, engine, &recorder, helper);
+    let log_rotation = log_rotation(&config, runtime_manager.cri());
+    runtime_manager.check_node_resolv_conf().await;
     let probes = ProbeDeps {
         results: probe_results,
         updates: probe_updates,
@@ -185,6 +189,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     });
     let (stop_servers, mut servers) = start_servers(kc, engine, api_serving, &host)?;
     let mut stopped = stop_servers.subscribe();
+    let rotating_logs = log_rotation.map(|manager| tokio::spawn(manager.run()));
     servers.push(tokio::spawn(serve_events(
         config.events_socket.clone(),
         broadcaster,
@@ -206,6 +211,9 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         if let Ok(Err(err)) = server.await {
             tracing::warn!("server stopped with an error: {err}");
         }
+    }
+    if let Some(rotating_logs) = rotating_logs {
+        rotating_logs.abort();
     }
     drop(ebpf_handle);
     // Blocks for the last batch of `events.log`; nothing is left running on the core to delay.
@@ -402,8 +410,23 @@ fn build_runtime(
         recorder.clone(),
         RuntimeSettings {
             memory_capacity_bytes: memory_capacity_bytes(),
+            dns: DnsConfigurer::new(kc.dns.clone(), config.node_ips.clone()),
             ..RuntimeSettings::default()
         },
+    ))
+}
+
+/// Container log rotation over the runtime manager's CRI connection, unless a negative
+/// `containerLogMaxSize` turns it off.
+fn log_rotation(config: &AgentConfig, cri: &CriClient) -> Option<ContainerLogManager> {
+    let Some(policy) = LogRotatePolicy::from_settings(&config.kubelet.container_logs) else {
+        tracing::info!("container log rotation is off: containerLogMaxSize is negative");
+        return None;
+    };
+    Some(ContainerLogManager::new(
+        Arc::new(cri.clone()),
+        config.node_name.clone(),
+        policy,
     ))
 }
 

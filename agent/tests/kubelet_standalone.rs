@@ -56,6 +56,7 @@ spec:
   containers:
   - name: app
     image: busybox
+    imagePullPolicy: IfNotPresent
     command: [sleep, \"3600\"]
 ";
 

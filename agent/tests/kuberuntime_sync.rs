@@ -12,12 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use async_trait::async_trait;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ringlet::container::{
     ContainerState, PodStatus, PodSyncResult, PodUid, Runtime, RuntimeError, SandboxState,
     SyncAction,
 };
 use ringlet::events::Recorder;
+use ringlet::kuberuntime::credentials::PullSecrets;
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeHelper, RuntimeSettings};
 use ringlet::volumes::VolumeManager;
 use ringlet_proto::runtime::v1 as cri;
@@ -27,13 +31,18 @@ use tempfile::TempDir;
 
 const NODE: &str = "test-node";
 const NAMESPACE: &str = "ns";
-const IMAGE: &str = "busybox";
+/// Present on the fake and tagged, so its default pull policy (`IfNotPresent`) never pulls.
+const IMAGE: &str = "busybox:1.35";
 
-/// Node facts for the manager: every path lives in the test's temporary directory.
+/// Node facts for the manager: every path lives in the test's temporary directory, which is also
+/// where the node's docker config is looked for first.
 struct Helper {
     root: PathBuf,
+    /// What every pod's `imagePullSecrets` read as.
+    pull_secrets: Vec<Arc<Secret>>,
 }
 
+#[async_trait]
 impl RuntimeHelper for Helper {
     fn pod_cgroup_parent(&self, pod: &Pod) -> Result<String, String> {
         Ok(format!(
@@ -55,6 +64,17 @@ impl RuntimeHelper for Helper {
             .join("logs")
             .join(format!("{namespace}_{name}_{uid}"))
     }
+
+    async fn pull_secrets(&self, _pod: &Pod) -> PullSecrets {
+        PullSecrets {
+            secrets: self.pull_secrets.clone(),
+            unavailable: Vec::new(),
+        }
+    }
+
+    fn docker_config_dir(&self) -> Option<PathBuf> {
+        Some(self.root.clone())
+    }
 }
 
 /// The fake, a manager on it and the directory its helper uses.
@@ -71,6 +91,14 @@ impl Setup {
     }
 
     fn with(timeout: Duration, settings: RuntimeSettings) -> Self {
+        Self::with_pull_secrets(timeout, settings, Vec::new())
+    }
+
+    fn with_pull_secrets(
+        timeout: Duration,
+        settings: RuntimeSettings,
+        pull_secrets: Vec<Arc<Secret>>,
+    ) -> Self {
         let fake = FakeCri::start();
         fake.add_image(IMAGE);
         let root = tempfile::tempdir()
@@ -82,6 +110,7 @@ impl Setup {
             cri,
             Arc::new(Helper {
                 root: root.path().to_owned(),
+                pull_secrets,
             }),
             recorder.clone(),
             settings,
@@ -607,6 +636,227 @@ async fn a_failed_pull_with_if_not_present_is_err_image_pull_then_back_off() {
     assert_eq!(failure.reason, "ImagePullBackOff", "{failure:?}");
     assert_eq!(setup.fake.call_count("PullImage"), 1);
     assert_eq!(setup.fake.call_count("CreateContainer"), 0);
+}
+
+/// The private image the pull-credential tests pull.
+const PRIVATE_IMAGE: &str = "registry.local:5000/private/app:1";
+
+/// A docker config secret of `type_` holding `config` under its key.
+fn pull_secret(name: &str, type_: &str, config: &serde_json::Value) -> Arc<Secret> {
+    let key = if type_ == "kubernetes.io/dockercfg" {
+        ".dockercfg"
+    } else {
+        ".dockerconfigjson"
+    };
+    Arc::new(Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        type_: Some(type_.to_owned()),
+        data: Some(
+            [(key.to_owned(), ByteString(config.to_string().into_bytes()))]
+                .into_iter()
+                .collect(),
+        ),
+        ..Secret::default()
+    })
+}
+
+/// Three secrets: one for the private image's registry, one for its repository's path there
+/// (more specific, so tried first), one for another registry.
+fn private_registry_secrets() -> Vec<Arc<Secret>> {
+    vec![
+        pull_secret(
+            "registry",
+            "kubernetes.io/dockerconfigjson",
+            &json!({"auths": {"https://registry.local:5000/v2/": {"username": "puller", "password": "p1"}}}),
+        ),
+        pull_secret(
+            "team",
+            "kubernetes.io/dockercfg",
+            &json!({"registry.local:5000/private": {"username": "team", "password": "p2"}}),
+        ),
+        pull_secret(
+            "elsewhere",
+            "kubernetes.io/dockerconfigjson",
+            &json!({"auths": {"other.io": {"username": "stranger", "password": "p3"}}}),
+        ),
+    ]
+}
+
+fn private_pod(name: &str) -> Pod {
+    pod(json!({
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("uid-{name}")},
+        "spec": {
+            "imagePullSecrets": [{"name": "registry"}, {"name": "team"}, {"name": "elsewhere"}],
+            "containers": [{"name": "app", "image": PRIVATE_IMAGE, "imagePullPolicy": "IfNotPresent"}],
+        },
+    }))
+}
+
+/// A credential as the fake saw it in `PullImageRequest.auth`.
+fn auth(user: &str, password: &str) -> (String, String) {
+    (user.to_owned(), password.to_owned())
+}
+
+#[tokio::test]
+async fn a_failed_always_pull_is_err_image_pull_not_the_image_on_the_node() {
+    let setup = Setup::new();
+    let pod = pod(json!({
+        "metadata": {"name": "always", "namespace": NAMESPACE, "uid": "uid-always"},
+        "spec": {"containers": [{"name": "app", "image": IMAGE, "imagePullPolicy": "Always"}]},
+    }));
+
+    let result = setup.sync(&pod).await;
+    let (_, failure) = result
+        .first_failure()
+        .unwrap_or_else(|| panic!("the sync fails: {result:?}"));
+    assert_eq!(failure.reason, "ErrImagePull", "{failure:?}");
+    assert!(failure.message.contains("no such host"), "{failure:?}");
+    assert_eq!(
+        setup.fake.call_count("CreateContainer"),
+        0,
+        "the image on the node is not used"
+    );
+    assert_eq!(
+        setup.fake.pull_auths(),
+        [None],
+        "no credentials: one anonymous pull"
+    );
+    let events = setup.events();
+    assert!(
+        events.contains(&(
+            "Pulling".to_owned(),
+            "Pulling image \"busybox:1.35\"".to_owned()
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(reason, message)| reason == "Failed"
+            && message.starts_with("Failed to pull image \"busybox:1.35\": ")),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("Failed".to_owned(), "Error: ErrImagePull".to_owned())),
+        "{events:?}"
+    );
+
+    // Within the back-off the pull is not tried again, and the status still says why it failed.
+    let result = setup.sync(&pod).await;
+    let (_, failure) = result
+        .first_failure()
+        .unwrap_or_else(|| panic!("the sync fails: {result:?}"));
+    assert_eq!(failure.reason, "ImagePullBackOff", "{failure:?}");
+    assert!(
+        failure
+            .message
+            .starts_with("Back-off pulling image \"busybox:1.35\": ErrImagePull: "),
+        "{failure:?}"
+    );
+    assert_eq!(setup.fake.call_count("PullImage"), 1);
+    assert_eq!(setup.fake.call_count("CreateContainer"), 0);
+    assert!(
+        setup
+            .events()
+            .contains(&("Failed".to_owned(), "Error: ImagePullBackOff".to_owned())),
+        "{:?}",
+        setup.events()
+    );
+}
+
+#[tokio::test]
+async fn a_present_image_is_used_under_if_not_present_with_an_event() {
+    let setup = Setup::new();
+    let pod = simple_pod("present", "Always", &["app"]);
+    setup.sync_ok(&pod).await;
+    assert_eq!(setup.fake.call_count("PullImage"), 0);
+    assert!(
+        setup.events().contains(&(
+            "Pulled".to_owned(),
+            "Container image \"busybox:1.35\" already present on machine".to_owned()
+        )),
+        "{:?}",
+        setup.events()
+    );
+}
+
+#[tokio::test]
+async fn a_pull_sends_the_most_specific_pull_secret_for_the_registry_and_reports_the_pull() {
+    let setup = Setup::with_pull_secrets(
+        Duration::from_secs(5),
+        RuntimeSettings::default(),
+        private_registry_secrets(),
+    );
+    setup.fake.enable_pulls(true);
+    setup.sync_ok(&private_pod("private")).await;
+    setup.running("app");
+    assert_eq!(setup.fake.pull_auths(), [Some(auth("team", "p2"))]);
+    let events = setup.events();
+    let pulled = events
+        .iter()
+        .find(|(reason, message)| reason == "Pulled" && message.starts_with("Successfully"))
+        .unwrap_or_else(|| panic!("no Pulled event: {events:?}"));
+    let prefix = format!("Successfully pulled image \"{PRIVATE_IMAGE}\" in ");
+    assert!(pulled.1.starts_with(&prefix), "{pulled:?}");
+    assert!(
+        pulled
+            .1
+            .ends_with(" including waiting). Image size: 4096000 bytes."),
+        "{pulled:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_pull_tries_the_pods_credentials_then_the_nodes_and_never_anonymously() {
+    let setup = Setup::with_pull_secrets(
+        Duration::from_secs(5),
+        RuntimeSettings::default(),
+        private_registry_secrets(),
+    );
+    // The node's docker config in its root dir: `auth` is base64 of `node:pw`.
+    std::fs::write(
+        setup.path().join("config.json"),
+        json!({"auths": {"registry.local:5000": {"auth": "bm9kZTpwdw=="}}}).to_string(),
+    )
+    .unwrap_or_else(|e| panic!("writing the node's config.json: {e}"));
+
+    let result = setup.sync(&private_pod("refused")).await;
+    let (_, failure) = result
+        .first_failure()
+        .unwrap_or_else(|| panic!("the sync fails: {result:?}"));
+    assert_eq!(failure.reason, "ErrImagePull", "{failure:?}");
+    assert_eq!(
+        setup.fake.pull_auths(),
+        [
+            Some(auth("team", "p2")),
+            Some(auth("puller", "p1")),
+            Some(auth("node", "pw"))
+        ]
+    );
+    // Three identical refusals read as one, as the kubelet's aggregate error does.
+    assert!(!failure.message.starts_with('['), "{failure:?}");
+}
+
+#[tokio::test]
+async fn a_malformed_pull_secret_fails_the_pull_without_asking_the_runtime() {
+    let setup = Setup::with_pull_secrets(
+        Duration::from_secs(5),
+        RuntimeSettings::default(),
+        vec![pull_secret(
+            "registry",
+            "kubernetes.io/dockerconfigjson",
+            &json!("not a docker config"),
+        )],
+    );
+    setup.fake.enable_pulls(true);
+    let result = setup.sync(&private_pod("malformed")).await;
+    let (_, failure) = result
+        .first_failure()
+        .unwrap_or_else(|| panic!("the sync fails: {result:?}"));
+    assert_eq!(failure.reason, "ErrImagePull", "{failure:?}");
+    assert!(failure.message.contains("\"registry\""), "{failure:?}");
+    assert_eq!(setup.fake.call_count("PullImage"), 0);
 }
 
 #[tokio::test]

@@ -24,9 +24,11 @@ pub mod cluster_node;
 pub mod daemon;
 pub mod kubelet_host;
 pub mod node_lock;
+pub mod registry;
 pub mod stalling_proxy;
 
 pub use cluster::{Cluster, require_cluster};
+pub use registry::require_registry;
 
 /// Names the I/O engine (`uring`, `epoll`) every agent of the suite runs on; unset leaves `auto`.
 pub const IO_ENGINE_ENV: &str = "RINGLET_E2E_IO_ENGINE";

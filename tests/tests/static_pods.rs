@@ -60,6 +60,7 @@ spec:
   containers:
   - name: main
     image: busybox
+    imagePullPolicy: IfNotPresent
     command: ["sh", "-c", "echo $POD_NAME > /tmp/name; exec sleep 3600"]
     env:
     - name: POD_NAME
@@ -215,6 +216,7 @@ spec:
   containers:
   - name: main
     image: busybox
+    imagePullPolicy: IfNotPresent
     command: ["sh", "-c", "echo started >> /scratch/starts; exec sleep 3600"]
     volumeMounts:
     - {name: scratch, mountPath: /scratch}
@@ -339,10 +341,12 @@ spec:
   initContainers:
   - name: setup
     image: busybox
+    imagePullPolicy: IfNotPresent
     command: ["sh", "-c", "exit 7"]
   containers:
   - name: main
     image: busybox
+    imagePullPolicy: IfNotPresent
     command: ["sleep", "3600"]
 "#,
     )?;

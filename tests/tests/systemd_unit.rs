@@ -240,6 +240,7 @@ spec:
   containers:
   - name: main
     image: busybox
+    imagePullPolicy: IfNotPresent
     command: ["sh", "-c", "mkdir -m 700 /scratch/private && echo x > /scratch/private/file && echo y > /memory/file && exec sleep 3600"]
     volumeMounts:
     - {name: scratch, mountPath: /scratch}

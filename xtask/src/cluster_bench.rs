@@ -703,8 +703,8 @@ fn bench_pod(name: &str, node: &str) -> Result<Pod> {
             "nodeName": node,
             // ringlet does not serve projected service-account volumes yet.
             "automountServiceAccountToken": false,
-            // There is no cluster DNS here (nor clusterDNS in ringlet yet): with ClusterFirst the
-            // kubelet would send a MissingClusterDNS warning event at every sync of every pod.
+            // There is no cluster DNS here: with ClusterFirst and no clusterDNS both agents would
+            // send a MissingClusterDNS warning event at every sync of every pod.
             "dnsPolicy": "Default",
             "restartPolicy": "Always",
             "containers": [{

@@ -1,9 +1,10 @@
-//! The lab: a real containerd with CRI on this machine, set up without systemd or a registry. `up`
+//! The lab: a real containerd with CRI on this machine, set up without systemd or a public registry. `up`
 //! installs the packages, builds the busybox and pause images in Rust and imports them (and the
 //! agent's image when `cargo xtask image` built it), writes the containerd and CNI configuration and
 //! starts containerd; every step is skipped when already done. It runs Debian bookworm's containerd
 //! 1.6 unless told to run trixie's 1.7 (`--containerd 1.7`, unpacked under the lab directory: 1.7
-//! has the CRI event stream that the kubelet's Evented PLEG reads).
+//! has the CRI event stream that the kubelet's Evented PLEG reads). `--registry` adds a private
+//! image registry (`lab_registry`).
 
 use std::collections::HashMap;
 use std::fs;
@@ -110,7 +111,7 @@ pub fn up_with(containerd: Option<Containerd>) -> Result<()> {
     if let Some(wanted) = containerd {
         stop_other_release(wanted)?;
     }
-    let (binary, config) = match containerd.unwrap_or(Containerd::Bookworm) {
+    let (binary, (config, config_changed)) = match containerd.unwrap_or(Containerd::Bookworm) {
         Containerd::Bookworm => (
             PathBuf::from("containerd"),
             write_containerd_config("containerd.toml", None)?,
@@ -124,6 +125,9 @@ pub fn up_with(containerd: Option<Containerd>) -> Result<()> {
             (bin.join("containerd"), config)
         }
     };
+    if config_changed {
+        restart_for_new_config()?;
+    }
     write_cni_config()?;
     let images = build_images()?;
     start_containerd(&binary, &config)?;
@@ -134,8 +138,23 @@ pub fn up_with(containerd: Option<Containerd>) -> Result<()> {
     Ok(())
 }
 
+/// containerd reads its configuration only when it starts: a lab containerd that runs with an
+/// older one is stopped, and started again with the new one (running pods keep their shims).
+fn restart_for_new_config() -> Result<()> {
+    if let Some(pid) = ringlet_tests::lab_containerd().stop(CONTAINERD_STOP_TIMEOUT)? {
+        println!("containerd {pid} stopped to start again with its new configuration");
+    } else if containerd_answers() {
+        println!(
+            "a containerd that `lab up` did not start answers on {SOCKET}: it keeps its old \
+             configuration until it is restarted"
+        );
+    }
+    Ok(())
+}
+
 pub fn down() -> Result<()> {
     cmd::ensure_root("the lab")?;
+    crate::lab_registry::down()?;
     match ringlet_tests::lab_containerd().stop(CONTAINERD_STOP_TIMEOUT)? {
         Some(pid) => println!(
             "containerd {pid} stopped; running pods keep their shims and are picked up again by the next `lab up`"
@@ -170,6 +189,7 @@ pub fn status() -> Result<()> {
         "MISSING"
     };
     println!("CNI config {CNI_CONFLIST}: {cni}");
+    crate::lab_registry::status();
     match ringlet_tests::lab_containerd().running_pid()? {
         Some(pid) => println!("containerd started by `lab up`: pid {pid}"),
         None => println!("containerd started by `lab up`: none"),
@@ -395,16 +415,23 @@ fn containerd_config(shim: Option<&Path>) -> String {
 [plugins."io.containerd.grpc.v1.cri".cni]
   bin_dir = "/usr/lib/cni"
   conf_dir = "/etc/cni/net.d"
-"#
+
+# Per-registry hosts.toml files (the lab registry's CA), read at every pull.
+[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "{hosts_dir}"
+"#,
+        hosts_dir = ringlet_tests::registry::hosts_dir().display()
     )
 }
 
-fn write_containerd_config(name: &str, shim: Option<&Path>) -> Result<PathBuf> {
+/// Writes the configuration; returns its path and whether it changed.
+fn write_containerd_config(name: &str, shim: Option<&Path>) -> Result<(PathBuf, bool)> {
     let path = lab_path(name);
-    if write_if_changed(&path, containerd_config(shim).as_bytes())? {
+    let changed = write_if_changed(&path, containerd_config(shim).as_bytes())?;
+    if changed {
         println!("wrote {}", path.display());
     }
-    Ok(path)
+    Ok((path, changed))
 }
 
 fn write_cni_config() -> Result<()> {
@@ -530,7 +557,7 @@ pub(crate) fn pause_image(refs: &[&str]) -> Result<oci::Archive> {
 }
 
 /// Image name -> manifest digest, as `ctr images ls` shows them.
-fn image_digests() -> Result<HashMap<String, String>> {
+pub(crate) fn image_digests() -> Result<HashMap<String, String>> {
     let listing = cmd::output(ctr().args(["images", "ls"]))?;
     Ok(listing
         .lines()

@@ -20,6 +20,7 @@ mod image;
 mod io_bench;
 mod kubelet_host;
 mod lab;
+mod lab_registry;
 mod machine_cpu;
 mod oci;
 mod pleg_bench;
@@ -83,8 +84,12 @@ enum LabAction {
         /// Without it, whichever the lab runs stays.
         #[arg(long, value_enum)]
         containerd: Option<lab::Containerd>,
+        /// Also start the lab's private image registry (TLS and htpasswd on 127.0.0.1:5443) and
+        /// push the lab's busybox to it.
+        #[arg(long)]
+        registry: bool,
     },
-    /// Stop the containerd that `lab up` started.
+    /// Stop the containerd (and the registry) that `lab up` started.
     Down,
     /// Show packages, containerd and images.
     Status,
@@ -128,7 +133,11 @@ enum Bench {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Lab { action } => match action {
-            LabAction::Up { containerd } => lab::up_with(containerd),
+            LabAction::Up {
+                containerd,
+                registry,
+            } => lab::up_with(containerd)
+                .and_then(|()| if registry { lab_registry::up() } else { Ok(()) }),
             LabAction::Down => lab::down(),
             LabAction::Status => lab::status(),
         },

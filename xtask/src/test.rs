@@ -7,7 +7,7 @@
 use anyhow::{Result, bail};
 
 use crate::conformance::{self, AgentChoice, ConformanceArgs, Suite};
-use crate::{cargo, cluster, image, lab, workspace_root};
+use crate::{cargo, cluster, image, lab, lab_registry, workspace_root};
 
 /// The end-to-end test files whose behaviour depends on the I/O engine: the engine's sockets under
 /// the kubelet API (TLS, exec and attach streams, log reads) and its selection and fallback.
@@ -18,9 +18,11 @@ const CONFORMANCE_PROCS: u32 = 6;
 pub fn run() -> Result<()> {
     let root = workspace_root();
     // The lab first: it installs what the build needs (clang and libbpf headers for the eBPF
-    // programs) as well as the containerd the privileged tiers use.
+    // programs) as well as the containerd the privileged tiers use, and the registry the image
+    // pull tests pull from.
     println!("== lab");
     lab::up()?;
+    lab_registry::up()?;
     // After the lab, which installs etcd-server.
     println!("== control plane");
     cluster::up(false)?;

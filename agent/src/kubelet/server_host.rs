@@ -21,6 +21,7 @@ use crate::io::IoEngine;
 use crate::kuberuntime::RuntimeHelper;
 use crate::kuberuntime::changes::ProbeKill;
 use crate::kuberuntime::container::EnvSources;
+use crate::kuberuntime::credentials::PullSecrets;
 use crate::metrics::Metrics;
 use crate::objects::ApiObjects;
 use crate::pleg::PlegHandle;
@@ -343,6 +344,36 @@ impl RuntimeHelper for NodeHelper {
             secrets,
             service_env: objects.services.env_for(namespace, enable_service_links),
         })
+    }
+
+    async fn pull_secrets(&self, pod: &Pod) -> PullSecrets {
+        let mut found = PullSecrets::default();
+        let Some(objects) = &self.objects else {
+            return found;
+        };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let names = pod
+            .spec
+            .iter()
+            .flat_map(|spec| spec.image_pull_secrets.iter().flatten())
+            .map(|reference| reference.name.as_str())
+            // The API server accepted references without a name once; the kubelet skips them.
+            .filter(|name| !name.is_empty());
+        for name in names {
+            match objects.secrets.get(namespace, name).await {
+                Ok(secret) => found.secrets.push(secret),
+                Err(err) => {
+                    tracing::info!(pod = ?pod.metadata.name, secret = name, %err,
+                        "unable to retrieve pull secret, the image pull may not succeed");
+                    found.unavailable.push(name.to_owned());
+                }
+            }
+        }
+        found
+    }
+
+    fn docker_config_dir(&self) -> Option<PathBuf> {
+        Some(self.root_dir.clone())
     }
 
     fn restart_reason(&self, container: &ContainerId) -> Option<ProbeKill> {

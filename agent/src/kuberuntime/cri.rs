@@ -363,6 +363,22 @@ impl CriClient {
         })
     }
 
+    /// Asks the runtime to write the container's output to a new file at its log path, after log
+    /// rotation renamed the old one away.
+    pub async fn reopen_container_log(&self, id: &str) -> Result<(), CriError> {
+        let request = cri::ReopenContainerLogRequest {
+            container_id: id.to_owned(),
+        };
+        call!(
+            self,
+            runtime,
+            reopen_container_log,
+            "ReopenContainerLog",
+            request
+        )
+        .map(drop)
+    }
+
     /// The container's init pid from the verbose status: containerd's `info` entry is JSON with a
     /// `pid` field. `None` when the runtime reports no (or no positive) pid.
     pub async fn container_pid(&self, id: &str) -> Result<Option<u32>, CriError> {
@@ -447,15 +463,17 @@ impl CriClient {
         Ok(response.image)
     }
 
-    /// Pulls an image; returns the runtime's reference to it. Bounded by at least 15 minutes.
+    /// Pulls an image, with the registry credentials `auth` when given; returns the runtime's
+    /// reference to it. Bounded by at least 15 minutes.
     pub async fn pull_image(
         &self,
         image: &str,
+        auth: Option<cri::AuthConfig>,
         sandbox_config: Option<cri::PodSandboxConfig>,
     ) -> Result<String, CriError> {
         let request = cri::PullImageRequest {
             image: Some(image_spec(image)),
-            auth: None,
+            auth,
             sandbox_config,
         };
         let response = call!(

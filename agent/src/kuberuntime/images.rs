@@ -75,6 +75,20 @@ pub fn normalize_image(image: &str) -> Result<String, ImageError> {
     Ok(normalized)
 }
 
+/// The repository of a normalised reference, without tag or digest
+/// (`docker.io/library/busybox:latest` → `docker.io/library/busybox`): what credentials are
+/// looked up for.
+pub fn repository(normalized: &str) -> &str {
+    let name = normalized
+        .split_once('@')
+        .map_or(normalized, |(name, _)| name);
+    let last_slash = name.rfind('/').map_or(0, |i| i + 1);
+    match name[last_slash..].rfind(':') {
+        Some(colon) => &name[..last_slash + colon],
+        None => name,
+    }
+}
+
 /// The container's pull policy; unset defaults by tag as the API server does: `:latest` or no tag
 /// (and no digest) → `Always`, anything else → `IfNotPresent`.
 pub fn pull_policy(policy: Option<&str>, image: &str) -> Result<PullPolicy, ImageError> {
@@ -129,6 +143,20 @@ mod tests {
             normalize_image("busybox@sha256:abc").unwrap(),
             "docker.io/library/busybox@sha256:abc"
         );
+    }
+
+    #[test]
+    fn the_repository_drops_tag_and_digest_but_keeps_the_registry_port() {
+        assert_eq!(
+            repository("docker.io/library/busybox:latest"),
+            "docker.io/library/busybox"
+        );
+        assert_eq!(
+            repository("127.0.0.1:5443/lab/busybox:private"),
+            "127.0.0.1:5443/lab/busybox"
+        );
+        assert_eq!(repository("localhost:5000/app"), "localhost:5000/app");
+        assert_eq!(repository("quay.io/app:1@sha256:abc"), "quay.io/app");
     }
 
     #[test]

@@ -3,13 +3,16 @@
 //! fragment of a longer line that the runtime split and the next lines continue. [`read_logs`] turns
 //! such a file into what `kubectl logs` shows: the contents, optionally timestamped, limited by
 //! `tailLines` / `sinceSeconds` / `sinceTime` / `limitBytes`, and with `follow` kept open across
-//! appends and log rotation until the container stops or the client goes away.
+//! appends and log rotation until the container stops or the client goes away. After a rotation
+//! (the file renamed away, a new one at the path: see `crate::logs`) the renamed file is read until
+//! the runtime has closed it, so the lines it wrote there while switching files are not lost.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::num::ParseIntError;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -40,6 +43,12 @@ const WATCHED_POLL_PERIOD: Duration = Duration::from_secs(1);
 const UNWATCHED_POLL_PERIOD: Duration = Duration::from_millis(250);
 /// While following: how often at most to ask whether the container still runs.
 const STATE_CHECK_PERIOD: Duration = Duration::from_secs(1);
+/// After a rotation: how long to keep reading the renamed file when its writer is not seen closing
+/// it (no inotify, or a runtime that keeps it open). Shorter than the shortest rotation interval
+/// (3s), so the file after it is not skipped.
+const ROTATION_GRACE: Duration = Duration::from_secs(2);
+/// How many recent closes of written files in the log's directory the watch remembers.
+const CLOSES_KEPT: usize = 64;
 
 /// Why the query of a container-logs request is unacceptable.
 #[derive(Debug, thiserror::Error)]
@@ -341,28 +350,66 @@ struct Pending {
     content: Vec<u8>,
 }
 
-/// The inotify watch on the log's directory: it sees appends, and the new file after a rotation.
+/// The inotify watch on the log's directory: it sees appends, the new file after a rotation, and
+/// writers closing files (the runtime done with a rotated file).
 struct Watch {
     _watcher: notify::RecommendedWatcher,
     changed: Arc<Notify>,
+    /// The latest files in the directory that a writer closed, oldest first.
+    closed: Arc<Mutex<VecDeque<PathBuf>>>,
 }
 
 impl Watch {
     fn new(dir: &Path) -> notify::Result<Self> {
         let changed = Arc::new(Notify::new());
+        let closed = Arc::new(Mutex::new(VecDeque::new()));
         let signal = Arc::clone(&changed);
+        let record = Arc::clone(&closed);
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if event.is_ok() {
-                    signal.notify_one();
+                let Ok(event) = event else {
+                    return;
+                };
+                if matches!(
+                    event.kind,
+                    notify::EventKind::Access(notify::event::AccessKind::Close(
+                        notify::event::AccessMode::Write
+                    ))
+                ) {
+                    let mut recent = record.lock().unwrap_or_else(PoisonError::into_inner);
+                    for path in event.paths {
+                        if recent.len() == CLOSES_KEPT {
+                            recent.pop_front();
+                        }
+                        recent.push_back(path);
+                    }
                 }
+                signal.notify_one();
             })?;
         watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
         Ok(Self {
             _watcher: watcher,
             changed,
+            closed,
         })
     }
+
+    /// Whether a writer closed `path` since the watch began.
+    fn was_closed(&self, path: &Path) -> bool {
+        self.closed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|closed| closed == path)
+    }
+}
+
+/// A rotation noticed while following: the open file was renamed away and a new file is at the
+/// path. The open file is read on until its writer is done with it.
+struct Rotation {
+    noticed: Instant,
+    /// The open file's new name, when found: the watch tells when the runtime closes it.
+    renamed_to: Option<PathBuf>,
 }
 
 struct LogReader<F> {
@@ -385,7 +432,7 @@ struct LogReader<F> {
     watch: Option<Watch>,
     last_check: Instant,
     /// The path names a new file: finish the open one, then switch.
-    rotated: bool,
+    rotation: Option<Rotation>,
     /// The container stopped: finish the file, then end.
     ending: bool,
     done: bool,
@@ -411,7 +458,7 @@ where
             pending: None,
             watch: None,
             last_check: Instant::now(),
-            rotated: false,
+            rotation: None,
             ending: false,
             done: false,
         }
@@ -459,14 +506,16 @@ where
         }
         let mut out = BytesMut::new();
         loop {
+            // Decided before reading: once the writer is done, this read takes its last lines.
+            let switch = self.rotation_settled();
             let at_eof = self.read_available(&mut out).await?;
             if self.done || out.len() >= OUTPUT_CHUNK || (at_eof && !out.is_empty()) {
                 return Ok(out);
             }
-            if self.rotated {
+            if switch {
                 self.finish_line(&mut out);
                 self.open().await?;
-                self.rotated = false;
+                self.rotation = None;
                 continue;
             }
             if !self.options.follow || self.ending {
@@ -497,6 +546,21 @@ where
             }
         }
         Ok(())
+    }
+
+    /// Whether the file renamed by a rotation is finished: its writer closed it, the container
+    /// stopped, or the grace period is over.
+    fn rotation_settled(&self) -> bool {
+        let Some(rotation) = &self.rotation else {
+            return false;
+        };
+        self.ending
+            || rotation.noticed.elapsed() >= ROTATION_GRACE
+            || rotation
+                .renamed_to
+                .as_deref()
+                .zip(self.watch.as_ref())
+                .is_some_and(|(path, watch)| watch.was_closed(path))
     }
 
     /// Opens the file at the path (again, after a rotation) and reads it from its start.
@@ -637,15 +701,27 @@ where
             None => tokio::time::sleep(period).await,
         }
         match identity_of(&self.path, self.engine).await {
-            Ok(now) if (now.device, now.inode) != self.identity => self.rotated = true,
-            Ok(now) if now.len < self.position => {
-                // Truncated in place: start over at its beginning.
-                self.position = 0;
-                self.unsplit.clear();
-                self.line.clear();
+            Ok(now) if (now.device, now.inode) != self.identity => {
+                if self.rotation.is_none() {
+                    self.rotation = Some(Rotation {
+                        noticed: Instant::now(),
+                        renamed_to: renamed_to(&self.path, self.identity, self.engine).await,
+                    });
+                }
             }
-            // Renamed away and not yet re-created, or unchanged: keep reading the open file.
-            Ok(_) | Err(_) => {}
+            Ok(now) => {
+                // The open file is at the path again (a rotation undone because the runtime
+                // refused to reopen): nothing to switch to.
+                self.rotation = None;
+                if now.len < self.position {
+                    // Truncated in place: start over at its beginning.
+                    self.position = 0;
+                    self.unsplit.clear();
+                    self.line.clear();
+                }
+            }
+            // Renamed away and not yet re-created: keep reading the open file.
+            Err(_) => {}
         }
         if self.last_check.elapsed() >= STATE_CHECK_PERIOD {
             self.last_check = Instant::now();
@@ -655,6 +731,28 @@ where
         }
         Ok(())
     }
+}
+
+/// The name the file with `identity` (device, inode) has now, looked for among `<log>.*` next to
+/// `log`.
+async fn renamed_to(log: &Path, identity: (u64, u64), engine: IoEngine) -> Option<PathBuf> {
+    let dir = log.parent()?;
+    let mut prefix = log.file_name()?.as_encoded_bytes().to_vec();
+    prefix.push(b'.');
+    let mut entries = tokio::fs::read_dir(dir).await.ok()?;
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        if !entry.file_name().as_encoded_bytes().starts_with(&prefix) {
+            continue;
+        }
+        let path = entry.path();
+        if identity_of(&path, engine)
+            .await
+            .is_ok_and(|found| (found.device, found.inode) == identity)
+        {
+            return Some(path);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -1020,6 +1118,61 @@ mod tests {
         );
     }
 
+    async fn follow_reads_a_rotated_file_until_its_writer_closes_it(engine: IoEngine) {
+        let (dir, path) = log_file(&format!("{T1} stdout F one\n"));
+        let (_alive, still_running) = alive_flag();
+        let mut stream = Box::pin(read_logs(
+            path.clone(),
+            follow_options(),
+            engine,
+            still_running,
+        ));
+        assert_eq!(next_text(&mut stream).await, "one\n");
+
+        // The runtime's writer stays open across the rotation, as containerd's does until it has
+        // written what it still held for the old file.
+        let mut writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::fs::rename(&path, dir.path().join("0.log.20261122-100003")).unwrap();
+        std::fs::write(&path, format!("{T3} stdout F after rotation\n")).unwrap();
+        let early = tokio::time::timeout(ROTATION_GRACE * 3 / 4, stream.next()).await;
+        assert!(
+            early.is_err(),
+            "the new file waits while the old one is still written: {early:?}"
+        );
+        writer
+            .write_all(format!("{T2} stdout F late line\n").as_bytes())
+            .unwrap();
+        drop(writer);
+        assert_eq!(next_text(&mut stream).await, "late line\n");
+        assert_eq!(next_text(&mut stream).await, "after rotation\n");
+    }
+
+    async fn follow_stays_with_a_file_whose_rotation_was_undone(engine: IoEngine) {
+        let (dir, path) = log_file(&format!("{T1} stdout F one\n"));
+        let (_alive, still_running) = alive_flag();
+        let mut stream = Box::pin(read_logs(
+            path.clone(),
+            follow_options(),
+            engine,
+            still_running,
+        ));
+        assert_eq!(next_text(&mut stream).await, "one\n");
+        let rotated = dir.path().join("0.log.20261122-100003");
+        std::fs::rename(&path, &rotated).unwrap();
+        std::fs::write(&path, format!("{T3} stdout F never kept\n")).unwrap();
+        let early = tokio::time::timeout(ROTATION_GRACE * 3 / 4, stream.next()).await;
+        assert!(early.is_err(), "{early:?}");
+        // The rotation is undone: the old file gets its name back, replacing the new one.
+        std::fs::rename(&rotated, &path).unwrap();
+        let waited = tokio::time::timeout(ROTATION_GRACE * 2, stream.next()).await;
+        assert!(waited.is_err(), "nothing is read again: {waited:?}");
+        append(&path, &format!("{T3} stdout F two\n"));
+        assert_eq!(next_text(&mut stream).await, "two\n");
+    }
+
     async fn follow_ends_when_the_container_stops_even_without_new_output(engine: IoEngine) {
         let (_dir, path) = log_file(&format!("{T1} stdout P unfinished\n"));
         let (alive, still_running) = alive_flag();
@@ -1063,6 +1216,8 @@ mod tests {
         ],
         Paused: [
             follow_reads_appends_across_rotation_until_the_container_stops,
+            follow_reads_a_rotated_file_until_its_writer_closes_it,
+            follow_stays_with_a_file_whose_rotation_was_undone,
             follow_ends_when_the_container_stops_even_without_new_output,
             follow_stops_at_the_byte_limit,
         ],

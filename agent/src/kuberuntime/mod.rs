@@ -6,7 +6,9 @@
 pub mod backoff;
 pub mod changes;
 pub mod container;
+pub mod credentials;
 pub mod cri;
+pub mod dns;
 pub mod etc_hosts;
 mod gc;
 mod image_pull;
@@ -41,6 +43,8 @@ use crate::container::{
 };
 use crate::events::{EventObject, EventType, Recorder};
 use container::EnvSources;
+use credentials::PullSecrets;
+use image_pull::PullErrors;
 
 /// What the runtime manager needs from the rest of the agent (the kubelet's `RuntimeHelper`).
 #[async_trait]
@@ -76,6 +80,18 @@ pub trait RuntimeHelper: Send + Sync {
         Ok(EnvSources::default())
     }
 
+    /// The pod's `imagePullSecrets` as the API server has them, and the names of those that could
+    /// not be read (the kubelet's `getPullSecretsForPod`). Standalone there is nothing to read.
+    async fn pull_secrets(&self, _pod: &Pod) -> PullSecrets {
+        PullSecrets::default()
+    }
+
+    /// The directory searched first for the node's docker `config.json` (the kubelet's
+    /// `--root-dir`), before the working directory, `$HOME/.docker` and `/.docker`.
+    fn docker_config_dir(&self) -> Option<PathBuf> {
+        None
+    }
+
     /// The probe whose failed verdict condemns a running container although its spec is
     /// unchanged (liveness, or startup); `None` keeps it running.
     fn restart_reason(&self, _container: &ContainerId) -> Option<changes::ProbeKill> {
@@ -103,6 +119,8 @@ pub struct RuntimeSettings {
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub backoff_reset: Duration,
+    /// Pod DNS: `clusterDNS`, `clusterDomain`, `resolvConf` and the node's addresses.
+    pub dns: dns::DnsConfigurer,
 }
 
 impl Default for RuntimeSettings {
@@ -114,6 +132,7 @@ impl Default for RuntimeSettings {
             backoff_initial: backoff::INITIAL,
             backoff_max: backoff::MAX,
             backoff_reset: backoff::RESET_AFTER,
+            dns: dns::DnsConfigurer::default(),
         }
     }
 }
@@ -128,6 +147,8 @@ pub struct KubeGenericRuntimeManager {
     crash_backoff: BackOff,
     /// Image-pull back-off per `<pod uid>/<image>`.
     image_backoff: BackOff,
+    /// The last failed pull per `<pod uid>/<image>`, quoted while the pull backs off.
+    pull_errors: PullErrors,
 }
 
 impl KubeGenericRuntimeManager {
@@ -147,6 +168,7 @@ impl KubeGenericRuntimeManager {
         Self {
             crash_backoff: backoff(),
             image_backoff: backoff(),
+            pull_errors: PullErrors::default(),
             cri,
             helper,
             recorder,
@@ -164,6 +186,7 @@ impl KubeGenericRuntimeManager {
         let prefix = format!("{uid}/");
         self.crash_backoff.forget_prefix(&prefix);
         self.image_backoff.forget_prefix(&prefix);
+        self.pull_errors.forget_prefix(&prefix);
     }
 
     fn event(&self, object: EventObject, event_type: EventType, reason: &str, message: String) {

@@ -7,7 +7,8 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::Pod;
 use ringlet_proto::runtime::v1 as cri;
 
-use super::{etc_hosts, labels};
+use super::{KubeGenericRuntimeManager, etc_hosts, labels};
+use crate::error_chain::error_chain;
 
 /// Why a sandbox config could not be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -98,34 +99,47 @@ fn port_mappings(pod: &Pod) -> Result<Vec<cri::PortMapping>, SandboxConfigError>
     Ok(out)
 }
 
-/// The sandbox config for the pod's `attempt`-th sandbox.
+impl KubeGenericRuntimeManager {
+    /// The config of the pod's `attempt`-th sandbox (the kubelet's `generatePodSandboxConfig`):
+    /// its resolver configuration from the node's and the cluster's DNS settings (see `dns`), its
+    /// cgroup parent from the helper. An error says why there is none.
+    pub(super) async fn pod_sandbox_config(
+        &self,
+        pod: &Pod,
+        attempt: u32,
+        log_directory: &Path,
+    ) -> Result<cri::PodSandboxConfig, String> {
+        let dns_config = self
+            .pod_dns_config(pod)
+            .await
+            .map_err(|err| error_chain(&err))?;
+        let cgroup_parent = self.helper.pod_cgroup_parent(pod)?;
+        sandbox_config(
+            pod,
+            self.helper.node_name(),
+            attempt,
+            log_directory,
+            cgroup_parent,
+            dns_config,
+        )
+        .map_err(|err| err.to_string())
+    }
+}
+
+/// The sandbox config for the pod's `attempt`-th sandbox, with the resolver configuration
+/// `dns_config` the pod gets.
 pub fn sandbox_config(
     pod: &Pod,
     node_name: &str,
     attempt: u32,
     log_directory: &Path,
     cgroup_parent: String,
+    dns_config: cri::DnsConfig,
 ) -> Result<cri::PodSandboxConfig, SandboxConfigError> {
     let meta = &pod.metadata;
     let missing = |field| SandboxConfigError::MissingField { field };
     let spec = pod.spec.as_ref().ok_or(missing("spec"))?;
     let pod_sc = spec.security_context.as_ref();
-    let dns_config = spec.dns_config.as_ref().map(|d| cri::DnsConfig {
-        servers: d.nameservers.clone().unwrap_or_default(),
-        searches: d.searches.clone().unwrap_or_default(),
-        options: d
-            .options
-            .iter()
-            .flatten()
-            .filter_map(|o| {
-                let name = o.name.as_ref()?;
-                Some(match &o.value {
-                    Some(v) => format!("{name}:{v}"),
-                    None => name.clone(),
-                })
-            })
-            .collect(),
-    });
     let privileged = spec
         .init_containers
         .iter()
@@ -149,7 +163,7 @@ pub fn sandbox_config(
         }),
         hostname: hostname(pod),
         log_directory: log_directory.to_string_lossy().into_owned(),
-        dns_config,
+        dns_config: Some(dns_config),
         port_mappings: port_mappings(pod)?,
         labels: labels::sandbox_labels(pod, node_name),
         annotations: labels::sandbox_annotations(pod),
@@ -212,14 +226,20 @@ mod tests {
 
     #[test]
     fn pod_network_sandbox_has_hostname_ports_and_cgroup() {
+        let dns = cri::DnsConfig {
+            servers: vec!["10.96.0.10".into()],
+            ..cri::DnsConfig::default()
+        };
         let config = sandbox_config(
             &pod(false),
             "node1",
             2,
             Path::new("/var/log/pods/default_web-node1_u1"),
             "/kubepods/besteffort/podu1".into(),
+            dns.clone(),
         )
         .unwrap();
+        assert_eq!(config.dns_config, Some(dns));
         let meta = config.metadata.unwrap();
         assert_eq!((meta.name.as_str(), meta.attempt), ("web-node1", 2));
         assert_eq!(config.hostname, "web-node1");
@@ -243,7 +263,15 @@ mod tests {
             supplemental_groups: Some(vec![5, 6]),
             ..PodSecurityContext::default()
         });
-        let config = sandbox_config(&p, "node1", 0, Path::new("/l"), String::new()).unwrap();
+        let config = sandbox_config(
+            &p,
+            "node1",
+            0,
+            Path::new("/l"),
+            String::new(),
+            cri::DnsConfig::default(),
+        )
+        .unwrap();
         let context = config.linux.unwrap().security_context.unwrap();
         assert_eq!(context.supplemental_groups, [2000, 5, 6]);
     }

@@ -47,6 +47,8 @@ fn container(name: &str, script: &str) -> Container {
     Container {
         name: name.into(),
         image: Some("busybox".into()),
+        // The lab has no registry for busybox: the default for `latest` (`Always`) cannot pull.
+        image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec!["sh".into(), "-c".into(), script.into()]),
         env: Some(vec![EnvVar {
             name: "POD_IP".into(),

@@ -389,6 +389,7 @@ mod smoke_tests {
         Container {
             name: name.into(),
             image: Some("busybox".into()),
+            image_pull_policy: Some("IfNotPresent".into()),
             command: Some(vec!["sh".into(), "-c".into(), script.into()]),
             ..Container::default()
         }

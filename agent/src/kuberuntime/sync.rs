@@ -23,7 +23,7 @@ use super::container::{
     join_target_pid_namespace, make_env, run_as_non_root, termination_message_file,
     verify_run_as_non_root,
 };
-use super::sandbox::{host_network, namespace_options, sandbox_config};
+use super::sandbox::{host_network, namespace_options};
 use super::termination_order::TerminationOrdering;
 use super::{CriError, KubeGenericRuntimeManager, RuntimeHelper, etc_hosts, labels};
 use crate::container::{
@@ -39,9 +39,6 @@ const DEFAULT_GRACE_SECONDS: i64 = 30;
 /// Shortest grace period a normal stop gets (an explicit override may be shorter).
 const MIN_GRACE_SECONDS: i64 = 2;
 const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
-/// The domain of the names a pod with a `subdomain` gets in its hosts file. `clusterDomain` is
-/// not configurable yet (cluster DNS is not acted on); this is the value clusters use by default.
-const CLUSTER_DOMAIN: &str = "cluster.local";
 
 pub(super) fn failure(reason: &str, message: impl Into<String>) -> SyncFailure {
     SyncFailure {
@@ -325,18 +322,9 @@ impl KubeGenericRuntimeManager {
 
         let log_dir = self.helper.pod_log_dir(namespace, pod_name(pod), &uid);
         let config = match self
-            .helper
-            .pod_cgroup_parent(pod)
-            .and_then(|cgroup_parent| {
-                sandbox_config(
-                    pod,
-                    self.helper.node_name(),
-                    actions.attempt,
-                    &log_dir,
-                    cgroup_parent,
-                )
-                .map_err(|e| e.to_string())
-            }) {
+            .pod_sandbox_config(pod, actions.attempt, &log_dir)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 result.results.push(step(
@@ -735,17 +723,17 @@ impl KubeGenericRuntimeManager {
             });
         }
         if etc_hosts::is_managed_for(container, ctx.pod_ips) {
-            let (pod_dir, pod, pod_ips) = (
+            let (dir, pod, ips, domain) = (
                 ctx.pod_dir.to_owned(),
                 ctx.pod.clone(),
                 ctx.pod_ips.to_vec(),
+                self.settings.dns.cluster_domain().to_owned(),
             );
-            let hosts = tokio::task::spawn_blocking(move || {
-                etc_hosts::ensure(&pod_dir, &pod, &pod_ips, CLUSTER_DOMAIN)
-            })
-            .await
-            .map_err(|e| format!("writing the pod's hosts file: {e}"))?
-            .map_err(|e| format!("writing the pod's hosts file: {e}"))?;
+            let hosts =
+                tokio::task::spawn_blocking(move || etc_hosts::ensure(&dir, &pod, &ips, &domain))
+                    .await
+                    .map_err(|e| format!("writing the pod's hosts file: {e}"))?
+                    .map_err(|e| format!("writing the pod's hosts file: {e}"))?;
             mounts.push(cri::Mount {
                 container_path: etc_hosts::CONTAINER_PATH.to_owned(),
                 host_path: hosts.to_string_lossy().into_owned(),

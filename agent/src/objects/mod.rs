@@ -354,10 +354,15 @@ pub fn config_map_names(pod: &Pod) -> BTreeSet<String> {
     names
 }
 
-/// The Secrets a pod refers to: volumes, projected sources, `env` and `envFrom` (the kubelet's
-/// `getSecretNames`, without image pull secrets, which this agent does not use).
+/// The Secrets a pod refers to: image pull secrets, volumes, projected sources, `env` and
+/// `envFrom` (the kubelet's `getSecretNames`).
 pub fn secret_names(pod: &Pod) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
+    let mut names: BTreeSet<String> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.image_pull_secrets.iter().flatten())
+        .map(|reference| reference.name.clone())
+        .collect();
     for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
             names.insert(name);
@@ -514,6 +519,7 @@ mod tests {
         let pod = pod(serde_json::json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
             "spec": {
+                "imagePullSecrets": [{"name": "s-pull"}, {"name": ""}],
                 "volumes": [
                     {"name": "a", "configMap": {"name": "cm-vol"}},
                     {"name": "b", "secret": {"secretName": "s-vol"}},
@@ -544,7 +550,7 @@ mod tests {
         );
         assert_eq!(
             secret_names(&pod).into_iter().collect::<Vec<_>>(),
-            ["s-from", "s-key", "s-proj", "s-vol"]
+            ["s-from", "s-key", "s-proj", "s-pull", "s-vol"]
         );
     }
 

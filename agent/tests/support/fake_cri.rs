@@ -300,6 +300,8 @@ struct State {
     delay: Duration,
     network_not_ready: bool,
     pulls_enabled: bool,
+    /// `(username, password)` of every `PullImage`'s `auth`, in order (`None`: anonymous).
+    pull_auths: Vec<Option<(String, String)>>,
     stop_behaviours: HashMap<String, StopBehaviour>,
     exec_results: HashMap<String, cri::ExecSyncResponse>,
     /// `(container name, timeout)` of every `StopContainer` of a running container, in order.
@@ -685,6 +687,11 @@ impl FakeCri {
     /// default) it fails like containerd with no registry reachable.
     pub fn enable_pulls(&self, enabled: bool) {
         self.inner.lock().pulls_enabled = enabled;
+    }
+
+    /// `(username, password)` that each `PullImage` carried, in order (`None`: anonymous).
+    pub fn pull_auths(&self) -> Vec<Option<(String, String)>> {
+        self.inner.lock().pull_auths.clone()
     }
 
     /// How processes of containers with this metadata name react to `StopContainer`'s SIGTERM.
@@ -1286,13 +1293,13 @@ impl ImageService for Images {
         request: Request<cri::PullImageRequest>,
     ) -> RpcResult<cri::PullImageResponse> {
         self.0.enter("PullImage").await?;
-        let wanted = request
-            .into_inner()
-            .image
-            .map(|i| i.image)
-            .unwrap_or_default();
+        let request = request.into_inner();
+        let wanted = request.image.map(|i| i.image).unwrap_or_default();
         let normalised = normalise_image(&wanted);
         let mut state = self.0.lock();
+        state
+            .pull_auths
+            .push(request.auth.map(|a| (a.username, a.password)));
         if !state.pulls_enabled {
             let host = normalised.split('/').next().unwrap_or_default();
             let registry = if host == "docker.io" {

@@ -18,6 +18,8 @@ impl KubeletConfiguration {
             fields.extend(
                 self.node
                     .configz()
+                    .chain(self.container_logs.configz())
+                    .chain(self.dns.configz())
                     .map(|(name, value)| (name.to_owned(), value)),
             );
         }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde_yaml_ng::Value;
 
+use super::container_logs::RawContainerLogSettings;
+use super::dns::RawDnsSettings;
 use super::duration::parse_duration;
 use super::node::RawNodeSettings;
 
@@ -23,8 +25,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "preloadedImagesVerificationAllowlist",
     "enableContentionProfiling",
     "oomScoreAdj",
-    "clusterDomain",
-    "clusterDNS",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
     "imageGCHighThresholdPercent",
@@ -45,7 +45,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "hairpinMode",
     "podCIDR",
     "podPidsLimit",
-    "resolvConf",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
     "maxOpenFiles",
@@ -66,10 +65,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "featureGates",
     "failSwapOn",
     "memorySwap",
-    "containerLogMaxSize",
-    "containerLogMaxFiles",
-    "containerLogMaxWorkers",
-    "containerLogMonitorInterval",
     "configMapAndSecretChangeDetectionStrategy",
     "reservedSystemCPUs",
     "showHiddenMetricsForVersion",
@@ -152,6 +147,8 @@ pub(super) struct RawConfig {
     pub streaming_connection_idle_timeout: Option<Duration>,
     pub io_engine: Option<String>,
     pub node: RawNodeSettings,
+    pub container_logs: RawContainerLogSettings,
+    pub dns: RawDnsSettings,
 }
 
 /// What reading a document produced: the values, the recognised fields ringlet ignores, and every
@@ -253,6 +250,8 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             "plegRelistPeriod" => raw.pleg_relist_period = reader.duration(),
             "ioEngine" => raw.io_engine = reader.string(),
             other if raw.node.read(other, &mut reader) => {}
+            other if raw.container_logs.read(other, &mut reader) => {}
+            other if raw.dns.read(other, &mut reader) => {}
             other if NOT_IMPLEMENTED.contains(&other) => out.not_implemented.push(other.to_owned()),
             other => unknown.push(other.to_owned()),
         }
@@ -395,7 +394,7 @@ impl<'a> FieldReader<'a> {
         }
     }
 
-    fn string_list(&mut self) -> Option<Vec<String>> {
+    pub(super) fn string_list(&mut self) -> Option<Vec<String>> {
         match self.value {
             Value::Null => None,
             Value::Sequence(items) => {

@@ -139,6 +139,38 @@ pub struct Flags {
     #[arg(long, value_name = "DIR")]
     pub pod_logs_dir: Option<String>,
 
+    /// Size at which a container's log file is rotated, a quantity such as 10Mi; negative turns
+    /// rotation off (config: containerLogMaxSize).
+    #[arg(long, value_name = "QUANTITY", allow_hyphen_values = true)]
+    pub container_log_max_size: Option<String>,
+
+    /// Log files kept per container, the live one included; at least 2 (config: containerLogMaxFiles).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub container_log_max_files: Option<i64>,
+
+    /// Containers whose logs are rotated at the same time (config: containerLogMaxWorkers).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub container_log_max_workers: Option<i64>,
+
+    /// How often container log sizes are checked, at least 3s (config: containerLogMonitorInterval).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub container_log_monitor_interval: Option<Duration>,
+
+    /// Comma-separated IP addresses of the cluster's DNS servers, the nameservers of pods with
+    /// `dnsPolicy: ClusterFirst` (config: clusterDNS).
+    #[arg(long, value_name = "IP[,IP...]", value_delimiter = ',')]
+    pub cluster_dns: Option<Vec<String>>,
+
+    /// The cluster's domain, e.g. cluster.local: `ClusterFirst` pods search it (config:
+    /// clusterDomain).
+    #[arg(long, value_name = "DOMAIN")]
+    pub cluster_domain: Option<String>,
+
+    /// The node's resolver configuration, the base of pods' DNS; empty for none (config:
+    /// resolvConf).
+    #[arg(long, value_name = "FILE")]
+    pub resolv_conf: Option<String>,
+
     /// Serving certificate of the kubelet API, PEM (config: tlsCertFile).
     #[arg(long, value_name = "FILE")]
     pub tls_cert_file: Option<String>,
@@ -308,6 +340,20 @@ impl Flags {
         set(&mut raw.run_once, self.runonce.as_ref());
         set(&mut raw.enable_server, self.enable_server.as_ref());
         set(&mut raw.pod_logs_dir, self.pod_logs_dir.as_ref());
+        let logs = &mut raw.container_logs;
+        set(&mut logs.max_size, self.container_log_max_size.as_ref());
+        set(&mut logs.max_files, self.container_log_max_files.as_ref());
+        set(
+            &mut logs.max_workers,
+            self.container_log_max_workers.as_ref(),
+        );
+        set(
+            &mut logs.monitor_interval,
+            self.container_log_monitor_interval.as_ref(),
+        );
+        set(&mut raw.dns.cluster_dns, self.cluster_dns.as_ref());
+        set(&mut raw.dns.cluster_domain, self.cluster_domain.as_ref());
+        set(&mut raw.dns.resolv_conf, self.resolv_conf.as_ref());
         set(&mut raw.tls_cert_file, self.tls_cert_file.as_ref());
         set(
             &mut raw.tls_private_key_file,

@@ -7,6 +7,8 @@
 //! `KubeletConfiguration` that ringlet does not act on yet are accepted with one warning naming them.
 
 mod configz;
+mod container_logs;
+mod dns;
 mod duration;
 mod file;
 mod flags;
@@ -24,6 +26,8 @@ use clap::Parser;
 use crate::io::IoEngineSetting;
 use crate::lifecycle::SysctlAllowlist;
 
+pub use container_logs::ContainerLogSettings;
+pub use dns::DnsSettings;
 pub use duration::{DurationError, parse_duration};
 pub use flags::Flags;
 pub use node::{DEFAULT_EVICTION_HARD, NodeSettings, TaintSetting};
@@ -214,6 +218,11 @@ pub struct KubeletConfiguration {
     pub pleg_relist_period: Option<Duration>,
     /// Registration, node status, lease, reservations and API rate limits.
     pub node: NodeSettings,
+    /// Container log rotation: `containerLogMaxSize`, `containerLogMaxFiles`,
+    /// `containerLogMaxWorkers`, `containerLogMonitorInterval`.
+    pub container_logs: ContainerLogSettings,
+    /// Pod DNS: `clusterDNS`, `clusterDomain`, `resolvConf`.
+    pub dns: DnsSettings,
 }
 
 impl Default for KubeletConfiguration {
@@ -263,6 +272,8 @@ impl Default for KubeletConfiguration {
             io_engine: IoEngineSetting::Epoll,
             pleg_relist_period: None,
             node: NodeSettings::default(),
+            container_logs: ContainerLogSettings::default(),
+            dns: DnsSettings::default(),
         }
     }
 }
@@ -839,6 +850,8 @@ fn build(
         io_engine,
         pleg_relist_period: raw.pleg_relist_period.filter(|p| !p.is_zero()),
         node: node::build(raw.node, problems),
+        container_logs: container_logs::build(raw.container_logs, problems),
+        dns: dns::build(raw.dns, problems),
     }
 }
 

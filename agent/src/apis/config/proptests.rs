@@ -50,8 +50,14 @@ const FIELDS: &[&str] = &[
     "nodeLeaseDurationSeconds",
     "systemReserved",
     "kubeReserved",
+    "containerLogMaxSize",
+    "containerLogMaxFiles",
+    "containerLogMaxWorkers",
+    "containerLogMonitorInterval",
     "featureGates",
     "clusterDNS",
+    "clusterDomain",
+    "resolvConf",
     "noSuchField",
 ];
 
@@ -81,6 +87,10 @@ fn yaml_value() -> impl Strategy<Value = serde_yaml_ng::Value> {
             Just("Webhook"),
             Just("AlwaysAllow"),
             Just("ebpf"),
+            Just("10Mi"),
+            Just("-1"),
+            Just("10.96.0.10"),
+            Just("cluster.local"),
         ]
         .prop_map(Value::from),
         "\\PC{0,16}".prop_map(Value::from),

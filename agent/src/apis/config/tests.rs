@@ -149,7 +149,7 @@ fn unknown_field_is_rejected() {
 #[test]
 fn unimplemented_fields_warn_once_listing_all() {
     let yaml = format!(
-        "{HEADER}clusterDNS: [10.0.0.10]\nrotateCertificates: true\n\
+        "{HEADER}hairpinMode: hairpin-veth\nrotateCertificates: true\n\
          staticPodPath: /etc/m\nevictionSoft:\n  memory.available: 100Mi\n\
          evictionHard:\n  memory.available: 200Mi\n"
     );
@@ -166,7 +166,7 @@ fn unimplemented_fields_warn_once_listing_all() {
     assert_eq!(
         warnings,
         vec![
-            "ringlet does not implement these KubeletConfiguration fields yet: clusterDNS, \
+            "ringlet does not implement these KubeletConfiguration fields yet: hairpinMode, \
              rotateCertificates, evictionSoft"
                 .to_owned()
         ]
@@ -732,4 +732,171 @@ fn bad_node_flags_are_named() {
             "{expected:?} missing from:\n{text}"
         );
     }
+}
+
+#[test]
+fn container_log_rotation_from_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\ncontainerLogMaxWorkers: 2\n\
+         containerLogMonitorInterval: 5s\n"
+    );
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
+    assert!(
+        warnings.is_empty(),
+        "acted on, not warned about: {warnings:?}"
+    );
+    let logs = &config.kubelet.container_logs;
+    assert_eq!(logs.max_size, "1Mi");
+    assert_eq!(logs.max_size_bytes, Some(1024 * 1024));
+    assert_eq!(logs.max_files, 3);
+    assert_eq!(logs.max_workers, 2);
+    assert_eq!(logs.monitor_interval, Duration::from_secs(5));
+
+    let (config, _) = load_with_file(
+        &yaml,
+        &[
+            "--container-log-max-size",
+            "-1",
+            "--container-log-max-files=7",
+            "--container-log-max-workers",
+            "4",
+            "--container-log-monitor-interval",
+            "1m",
+        ],
+    )
+    .expect("loads");
+    let logs = &config.kubelet.container_logs;
+    assert_eq!(logs.max_size, "-1");
+    assert_eq!(
+        logs.max_size_bytes, None,
+        "a negative size turns rotation off"
+    );
+    assert_eq!(logs.max_files, 7);
+    assert_eq!(logs.max_workers, 4);
+    assert_eq!(logs.monitor_interval, Duration::from_mins(1));
+
+    let configz = config.kubelet.configz();
+    let kc = &configz["kubeletconfig"];
+    assert_eq!(kc["containerLogMaxSize"], "-1");
+    assert_eq!(kc["containerLogMaxFiles"], 7);
+    assert_eq!(kc["containerLogMaxWorkers"], 4);
+    assert_eq!(kc["containerLogMonitorInterval"], "1m0s");
+    let written = serde_json::to_string(kc).expect("json");
+    let (reloaded, _) = load_with_file(&written, &[]).expect("configz output loads");
+    assert_eq!(
+        reloaded.kubelet.container_logs,
+        config.kubelet.container_logs
+    );
+}
+
+#[test]
+fn bad_container_log_settings_are_reported_together() {
+    let yaml = format!(
+        "{HEADER}containerLogMaxSize: 10 megs\ncontainerLogMaxFiles: 1\ncontainerLogMaxWorkers: 0\n\
+         containerLogMonitorInterval: 0s\n"
+    );
+    assert_eq!(
+        invalid_problems(load_with_file(&yaml, &[])),
+        [
+            "containerLogMaxSize (--container-log-max-size): \"10 megs\" is not a resource quantity such as 10Mi",
+            "containerLogMaxFiles (--container-log-max-files): 1 must be greater than or equal to 2",
+            "containerLogMaxWorkers (--container-log-max-workers): 0 must be greater than or equal to 1",
+            "containerLogMonitorInterval (--container-log-monitor-interval): 0s must be a positive time duration greater than or equal to 3s",
+        ]
+    );
+    let problems = invalid_problems(load_with_file(
+        &format!("{HEADER}containerLogMaxFiles: \"5\"\ncontainerLogMonitorInterval: soon\n"),
+        &["--container-log-max-size", "0.5"],
+    ));
+    assert_eq!(
+        problems,
+        [
+            "containerLogMaxFiles: expected an integer, found string \"5\"",
+            "containerLogMonitorInterval: invalid duration \"soon\": expected a number (expected e.g. \"20s\", \"1m30s\", \"2h\")",
+            "containerLogMaxSize (--container-log-max-size): \"0.5\" is not a whole number of bytes",
+        ]
+    );
+}
+
+#[test]
+fn pod_dns_from_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}clusterDNS: [10.96.0.10, \"fd00::a\"]\nclusterDomain: cluster.local\n\
+         resolvConf: /run/systemd/resolve/resolv.conf\n"
+    );
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
+    assert!(
+        warnings.is_empty(),
+        "acted on, not warned about: {warnings:?}"
+    );
+    let dns = &config.kubelet.dns;
+    assert_eq!(
+        dns.cluster_dns,
+        [
+            "10.96.0.10".parse::<IpAddr>().expect("ip"),
+            "fd00::a".parse().expect("ip")
+        ]
+    );
+    assert_eq!(dns.cluster_domain, "cluster.local");
+    assert_eq!(
+        dns.resolv_conf.as_deref(),
+        Some(Path::new("/run/systemd/resolve/resolv.conf"))
+    );
+
+    let (config, _) = load_with_file(
+        &yaml,
+        &[
+            "--cluster-dns",
+            "10.0.0.10,10.0.0.11",
+            "--cluster-domain=example.test",
+            "--resolv-conf=",
+        ],
+    )
+    .expect("loads");
+    let dns = &config.kubelet.dns;
+    assert_eq!(
+        dns.cluster_dns,
+        [
+            "10.0.0.10".parse::<IpAddr>().expect("ip"),
+            "10.0.0.11".parse().expect("ip")
+        ]
+    );
+    assert_eq!(dns.cluster_domain, "example.test");
+    assert_eq!(dns.resolv_conf, None, "an empty --resolv-conf means none");
+
+    let configz = config.kubelet.configz();
+    let kc = &configz["kubeletconfig"];
+    assert_eq!(
+        kc["clusterDNS"],
+        serde_json::json!(["10.0.0.10", "10.0.0.11"])
+    );
+    assert_eq!(kc["clusterDomain"], "example.test");
+    assert_eq!(kc["resolvConf"], "");
+    let written = serde_json::to_string(kc).expect("json");
+    let (reloaded, _) = load_with_file(&written, &[]).expect("configz output loads");
+    assert_eq!(reloaded.kubelet.dns, config.kubelet.dns);
+}
+
+#[test]
+fn bad_pod_dns_settings_are_reported_together() {
+    let yaml = format!("{HEADER}clusterDNS: [10.0.0.10, dns.local]\nresolvConf: resolv.conf\n");
+    assert_eq!(
+        invalid_problems(load_with_file(
+            &yaml,
+            &["--cluster-domain", "cluster..local"]
+        )),
+        [
+            "clusterDNS (--cluster-dns): \"dns.local\" is not an IP address",
+            "clusterDomain (--cluster-domain): \"cluster..local\" must be a domain name such as cluster.local",
+            "resolvConf (--resolv-conf): resolv.conf must be an absolute path, or empty for none",
+        ]
+    );
+    let problems = invalid_problems(load_with_file(
+        &format!("{HEADER}clusterDNS: 10.0.0.10\n"),
+        &[],
+    ));
+    assert_eq!(
+        problems,
+        ["clusterDNS: expected a list of strings, found string \"10.0.0.10\""]
+    );
 }
