@@ -19,6 +19,7 @@ pub mod lifecycle;
 pub mod logs;
 pub mod memory;
 pub mod metrics;
+pub mod mountinfo;
 pub mod nodelease;
 pub mod nodestatus;
 pub mod objects;

@@ -1,6 +1,7 @@
 /* The one ABI between the BPF programs and the agent: the record each program writes into the ring
- * buffer. The Rust side (src/lib.rs) mirrors it with compile-time size and offset checks, so a change
- * here that is not made there fails the build. Only fixed-width types, no implicit padding. */
+ * buffer. The Rust side (src/lib.rs) mirrors it and checks the mirror at compile time against the
+ * layout that build.rs has clang compute from this file, so a change here that is not made there
+ * fails the build. Only fixed-width types, no implicit padding. */
 #ifndef RINGLET_EVENT_H
 #define RINGLET_EVENT_H
 

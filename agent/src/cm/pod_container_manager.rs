@@ -21,6 +21,7 @@ use super::cgroup_name::{CgroupName, unescape_systemd};
 use super::qos::{QosClass, qos_class};
 use crate::apis::config::{CgroupDriver, KubeletConfiguration};
 use crate::container::PodUid;
+use crate::mountinfo;
 
 /// The top-level cgroup for all pods, below `cgroupRoot`.
 const KUBEPODS: &str = "kubepods";
@@ -78,22 +79,17 @@ impl Hierarchies {
     }
 }
 
-/// Finds the cgroup2 mount point in `/proc/self/mountinfo` (fields: id, parent, dev, root, mount
-/// point, ... ` - ` fstype source options).
+/// Finds the cgroup2 mount point in the mount table.
 fn find_cgroup2_mount() -> Result<Option<PathBuf>, CmError> {
-    const MOUNTINFO: &str = "/proc/self/mountinfo";
-    let text = std::fs::read_to_string(MOUNTINFO).map_err(|source| CmError::Io {
+    let text = std::fs::read_to_string(mountinfo::PATH).map_err(|source| CmError::Io {
         action: "reading mount table",
-        path: PathBuf::from(MOUNTINFO),
+        path: PathBuf::from(mountinfo::PATH),
         source,
     })?;
-    Ok(text.lines().find_map(|line| {
-        let (mount, filesystem) = line.split_once(" - ")?;
-        if filesystem.split(' ').next()? != "cgroup2" {
-            return None;
-        }
-        mount.split(' ').nth(4).map(PathBuf::from)
-    }))
+    Ok(mountinfo::parse(&text)
+        .into_iter()
+        .find(mountinfo::Mount::is_cgroup2)
+        .map(|mount| mount.mount_point))
 }
 
 /// Creates, checks, lists and removes pod cgroups (`<cgroupRoot>/kubepods/<qos>/pod<uid>`).

@@ -38,6 +38,7 @@ use nix::fcntl::{Flock, FlockArg};
 use rustix::event::{EventfdFlags, eventfd};
 use tokio::sync::mpsc;
 
+use crate::mountinfo;
 use crate::pleg::{Hint, HintSourceCheck};
 
 pub use hint_source::{HintSource, start_hint_source};
@@ -445,7 +446,7 @@ fn attach_all(
             }
             Err(error) if name == ringlet_ebpf::OPTIONAL_PROGRAM => {
                 tracing::warn!(
-                    error = %reader::chain(&error),
+                    error = %crate::error_chain::error_chain(&error),
                     "OOM victims are not reported from the kernel (mark_victim needs its 6.8 signature); \
                      OOM kills still show as deaths by SIGKILL"
                 );
@@ -666,34 +667,28 @@ fn raise_memlock_if_needed() -> Result<(), EbpfError> {
 /// The cgroup's depth below the cgroup2 root (the root is level 0), from the cgroup2 mount the path
 /// is on and that mount's root in the hierarchy.
 fn cgroup2_level(path: &Path) -> Result<u32, EbpfError> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|source| io_error("reading", Path::new("/proc/self/mountinfo"), source))?;
+    let table = std::fs::read_to_string(mountinfo::PATH)
+        .map_err(|source| io_error("reading", Path::new(mountinfo::PATH), source))?;
     let canonical = path
         .canonicalize()
         .map_err(|source| io_error("resolving", path, source))?;
-    level_from_mountinfo(&mountinfo, &canonical).ok_or_else(|| EbpfError::NotCgroup2 {
+    level_from_mountinfo(&table, &canonical).ok_or_else(|| EbpfError::NotCgroup2 {
         path: path.to_path_buf(),
     })
 }
 
-fn level_from_mountinfo(mountinfo: &str, path: &Path) -> Option<u32> {
-    let (root, rest) = mountinfo
-        .lines()
-        .filter_map(|line| {
-            // Fields: id parent major:minor root mount-point options [optional...] - fstype ...
-            let (left, right) = line.split_once(" - ")?;
-            if right.split(' ').next()? != "cgroup2" {
-                return None;
-            }
-            let mut fields = left.split(' ');
-            let root = fields.nth(3)?;
-            let mount_point = fields.next()?;
-            let rest = path.strip_prefix(mount_point).ok()?;
-            Some((mount_point.len(), root, rest))
+fn level_from_mountinfo(table: &str, path: &Path) -> Option<u32> {
+    let mounts = mountinfo::parse(table);
+    let (root, rest) = mounts
+        .iter()
+        .filter(|mount| mount.is_cgroup2())
+        .filter_map(|mount| {
+            let rest = path.strip_prefix(&mount.mount_point).ok()?;
+            Some((mount.mount_point.as_os_str().len(), &mount.root, rest))
         })
         .max_by_key(|(len, ..)| *len)
         .map(|(_, root, rest)| (root, rest))?;
-    let depth = Path::new(root)
+    let depth = root
         .join(rest)
         .components()
         .filter(|c| matches!(c, std::path::Component::Normal(_)))

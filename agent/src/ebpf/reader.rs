@@ -365,18 +365,6 @@ fn drain(ring: &mut RingBuf<MapData>) -> Vec<RawEvent> {
     events
 }
 
-/// An error and its causes on one line.
-pub(super) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

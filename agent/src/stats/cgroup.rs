@@ -6,8 +6,6 @@ use std::path::{Component, Path, PathBuf};
 use super::StatsError;
 use super::host::{read_key_values, read_to_string};
 
-const MOUNTINFO: &str = "/proc/self/mountinfo";
-
 /// Above this a memory limit means "unlimited": the kernel rounds the v1 "no limit" value down to a
 /// page multiple, so it is not exactly `i64::MAX` (the kubelet uses the same threshold).
 const UNLIMITED_MEMORY: u64 = 1 << 62;
@@ -32,45 +30,23 @@ pub enum CgroupLayout {
 impl CgroupLayout {
     /// The host's layout, from `/proc/self/mountinfo`.
     pub fn detect() -> Result<Self, StatsError> {
-        let text = read_to_string(Path::new(MOUNTINFO))?;
+        let text = read_to_string(Path::new(crate::mountinfo::PATH))?;
         Self::from_mountinfo(&text)
     }
 
     /// The layout a mount table describes: v1 when both the `cpuacct` and `memory` controllers are
     /// mounted as v1 hierarchies, else the cgroup2 mount.
     pub fn from_mountinfo(mountinfo: &str) -> Result<Self, StatsError> {
-        let mut cpuacct = None;
-        let mut memory = None;
-        let mut unified = None;
-        // Fields: id, parent, dev, root, mount point, options, optional fields..., "-", fstype,
-        // source, super options (which name the v1 controllers).
-        for line in mountinfo.lines() {
-            let Some((mount, filesystem)) = line.split_once(" - ") else {
-                continue;
-            };
-            let Some(mount_point) = mount.split(' ').nth(4) else {
-                continue;
-            };
-            let mut filesystem = filesystem.split(' ');
-            let fstype = filesystem.next().unwrap_or_default();
-            let super_options = filesystem.nth(1).unwrap_or_default();
-            match fstype {
-                "cgroup" => {
-                    for option in super_options.split(',') {
-                        let slot = match option {
-                            "cpuacct" => &mut cpuacct,
-                            "memory" => &mut memory,
-                            _ => continue,
-                        };
-                        slot.get_or_insert_with(|| unescape_mount_point(mount_point));
-                    }
-                }
-                "cgroup2" => {
-                    unified.get_or_insert_with(|| unescape_mount_point(mount_point));
-                }
-                _ => {}
-            }
-        }
+        let mounts = crate::mountinfo::parse(mountinfo);
+        let first = |wanted: &dyn Fn(&crate::mountinfo::Mount) -> bool| {
+            mounts
+                .iter()
+                .find(|mount| wanted(mount))
+                .map(|mount| mount.mount_point.clone())
+        };
+        let cpuacct = first(&|mount| mount.is_cgroup_v1_with("cpuacct"));
+        let memory = first(&|mount| mount.is_cgroup_v1_with("memory"));
+        let unified = first(&crate::mountinfo::Mount::is_cgroup2);
         match (cpuacct, memory, unified) {
             (Some(cpuacct), Some(memory), _) => Ok(Self::V1 { cpuacct, memory }),
             (_, _, Some(root)) => Ok(Self::V2 { root }),
@@ -192,34 +168,6 @@ pub(super) fn cgroup_dir(mount: &Path, cgroup: &str) -> PathBuf {
         }
     }
     dir
-}
-
-/// Mount points in mountinfo escape space, tab, newline and backslash as octal (`\040`).
-fn unescape_mount_point(raw: &str) -> PathBuf {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if let Some(byte) = octal_escape(&bytes[i..]) {
-            out.push(byte);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// The byte a leading `\ooo` stands for.
-fn octal_escape(bytes: &[u8]) -> Option<u8> {
-    let [b'\\', digits @ ..] = bytes.get(..4)? else {
-        return None;
-    };
-    digits.iter().try_fold(0u8, |value, digit| {
-        let digit = digit.checked_sub(b'0').filter(|d| *d < 8)?;
-        value.checked_mul(8)?.checked_add(digit)
-    })
 }
 
 fn read_u64(path: &Path) -> Result<u64, StatsError> {

@@ -1085,7 +1085,10 @@ fn resource_metrics_pass_promtool() {
         .args(["--version"])
         .output()
     else {
-        println!("SKIP: promtool is not installed (apt-get install prometheus)");
+        crate::testing::skip(
+            "resource_metrics_pass_promtool",
+            "promtool is not installed (apt-get install prometheus)",
+        );
         return;
     };
     assert!(output.status.success());
