@@ -1,6 +1,9 @@
 //! ringlet: a Kubernetes node agent that does the kubelet's job (`pkg/kubelet`) for nodes with
-//! thousands of pods. See `DESIGN.md` in the shared folder for the architecture; each module names the
-//! kubelet package it corresponds to.
+//! thousands of pods. `docs/architecture.md` describes the architecture; each module names the
+//! kubelet package it corresponds to. Calls Rust cannot check live in [`sys`]: `unsafe` anywhere
+//! else has to say why it is allowed there.
+
+#![deny(unsafe_code)]
 
 pub mod apis;
 pub mod apiserver;
@@ -33,6 +36,7 @@ pub mod server;
 pub mod stats;
 pub mod status;
 pub mod supervise;
+pub mod sys;
 pub mod systemd_notify;
 #[cfg(test)]
 mod testing;

@@ -31,11 +31,8 @@ pub const TRIM_PERIOD: Duration = Duration::from_secs(30);
 /// Caps glibc's malloc arenas at [`MALLOC_ARENAS`] and fixes its mapping threshold at
 /// [`MMAP_THRESHOLD_BYTES`]; call it before any thread is started.
 pub fn tune_malloc() {
-    // SAFETY: mallopt only changes the allocator's parameters; it takes no pointers.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
-    }
+    crate::sys::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+    crate::sys::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
 }
 
 /// Every [`TRIM_PERIOD`], hands the free pages of every arena back to the kernel (`malloc_trim`),
@@ -46,8 +43,7 @@ pub async fn release_free_pages_periodically() {
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        // SAFETY: malloc_trim takes no pointers and only gives free memory back to the kernel.
-        let trimmed = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
+        let trimmed = tokio::task::spawn_blocking(crate::sys::malloc_trim).await;
         if let Err(err) = trimmed {
             tracing::debug!(%err, "malloc_trim did not run");
         }

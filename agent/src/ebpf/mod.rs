@@ -404,11 +404,7 @@ pub fn start(
 /// relocations takes tens of MiB, which glibc would otherwise keep and the agent's RSS would show
 /// for its whole life.
 fn release_freed_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists; no pointer is handed over.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::sys::malloc_trim();
 }
 
 fn pin_maps(ebpf: &aya::Ebpf, pins: &mut Pins) -> Result<(), EbpfError> {
@@ -514,9 +510,7 @@ fn io_error(what: &'static str, path: &Path, source: io::Error) -> EbpfError {
 }
 
 fn page_size() -> u64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).unwrap_or(4096)
+    u64::try_from(rustix::param::page_size()).unwrap_or(4096)
 }
 
 /// The pin directory must be on bpffs; it may not exist yet, so the nearest existing ancestor is
@@ -539,17 +533,7 @@ fn check_bpffs(pin_dir: &Path) -> Result<(), EbpfError> {
 }
 
 fn statfs_type(path: &Path) -> io::Result<i64> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut stat = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: c_path is NUL-terminated and stat points to writable memory of the right type.
-    let rc = unsafe { libc::statfs(c_path.as_ptr(), stat.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statfs succeeded, so it filled the struct.
-    let stat = unsafe { stat.assume_init() };
+    let stat = rustix::fs::statfs(path)?;
     #[allow(
         clippy::useless_conversion,
         reason = "f_type's width differs between architectures"
@@ -650,16 +634,15 @@ fn raise_memlock_if_needed() -> Result<(), EbpfError> {
     if memcg_accounting {
         return Ok(());
     }
-    let limit = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
+    let unlimited = rustix::process::Rlimit {
+        current: None,
+        maximum: None,
     };
-    // SAFETY: limit is a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const limit) } != 0 {
-        return Err(EbpfError::Memlock {
-            source: io::Error::last_os_error(),
-        });
-    }
+    rustix::process::setrlimit(rustix::process::Resource::Memlock, unlimited).map_err(|errno| {
+        EbpfError::Memlock {
+            source: errno.into(),
+        }
+    })?;
     tracing::info!("raised RLIMIT_MEMLOCK: this kernel charges BPF memory to it");
     Ok(())
 }

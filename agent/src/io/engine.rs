@@ -220,6 +220,10 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[allow(
+        unsafe_code,
+        reason = "the test installs a seccomp filter in its child"
+    )]
     fn falls_back_to_epoll_when_seccomp_denies_io_uring() {
         let mut child = Command::new(std::env::current_exe().unwrap());
         child
@@ -245,6 +249,10 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     /// Installs a seccomp filter that makes `io_uring_setup` fail with EPERM and allows everything else.
+    #[allow(
+        unsafe_code,
+        reason = "prctl with a filter program has no safe wrapper here"
+    )]
     fn deny_io_uring_setup() -> std::io::Result<()> {
         // Classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K.
         const LOAD: u16 = 0x20;

@@ -149,16 +149,9 @@ impl Drop for UringListener {
         if self.pending.get_mut().is_some() {
             // The dropped accept operation keeps the listening socket open until it completes; shutting
             // the socket down makes it complete now (EINVAL) so the port is released.
-            shutdown_fd(self.listener.as_raw_fd());
+            crate::sys::shutdown_socket(self.listener.as_raw_fd());
         }
     }
-}
-
-/// Shuts both directions of a socket down, ignoring errors (it may already be shut down or closed by
-/// the peer).
-fn shutdown_fd(fd: std::os::fd::RawFd) {
-    // SAFETY: shutdown(2) only acts on the descriptor, which the caller still owns.
-    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
 }
 
 /// Connects to a TCP address on the engine's sockets. Must run inside [`block_on`](super::block_on).
@@ -248,6 +241,10 @@ impl Stream {
 // SAFETY: the tokio variants of `Stream` are `Send`. A uring stream (its `Rc`s and tokio-uring
 // operations are not) is only ever touched on `owner`: every poll checks the thread first, and `Drop`
 // leaks it on any other thread. `SendStream` is not `Sync`, so `&self` never crosses threads.
+#[allow(
+    unsafe_code,
+    reason = "the type's thread checks are what make it sound, see above"
+)]
 unsafe impl Send for SendStream {}
 
 thread_local! {
@@ -280,7 +277,13 @@ impl Drop for SendStream {
     fn drop(&mut self) {
         if self.on_owner_thread() {
             // SAFETY: dropped once, here, on the thread the stream belongs to.
-            unsafe { ManuallyDrop::drop(&mut self.stream) };
+            #[allow(
+                unsafe_code,
+                reason = "the stream is dropped by hand on its own thread"
+            )]
+            unsafe {
+                ManuallyDrop::drop(&mut self.stream);
+            }
         } else {
             tracing::warn!("leaking an io_uring stream dropped off the thread of its engine");
         }

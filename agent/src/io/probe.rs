@@ -134,27 +134,13 @@ fn read_sysctl(path: &str) -> Option<String> {
 
 /// The soft and hard `RLIMIT_MEMLOCK`, in words.
 fn memlock_limit() -> (String, String) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct it is given, which lives for the whole call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut limit) } != 0 {
-        let unknown = "unknown".to_owned();
-        return (unknown.clone(), unknown);
-    }
-    (
-        describe_limit(limit.rlim_cur),
-        describe_limit(limit.rlim_max),
-    )
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Memlock);
+    (describe_limit(limit.current), describe_limit(limit.maximum))
 }
 
-fn describe_limit(limit: libc::rlim_t) -> String {
-    if limit == libc::RLIM_INFINITY {
-        "unlimited".to_owned()
-    } else {
-        format!("{limit} bytes")
-    }
+/// `None` is `RLIM_INFINITY`.
+fn describe_limit(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |limit| format!("{limit} bytes"))
 }
 
 #[cfg(test)]

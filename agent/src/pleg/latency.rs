@@ -13,17 +13,9 @@ use crate::event_stream::{EventBroadcaster, LifecycleKind, LifecycleRecord};
 use crate::metrics::Metrics;
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock `bpf_ktime_get_ns` reads, so it can be compared
-/// with a hint's `kernel_time_ns`. 0 if the clock cannot be read.
+/// with a hint's `kernel_time_ns`.
 pub fn monotonic_now_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
-    if rc != 0 {
-        return 0;
-    }
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     let secs = u64::try_from(now.tv_sec).unwrap_or(0);
     let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)

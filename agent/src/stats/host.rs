@@ -3,10 +3,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::io;
-use std::mem::MaybeUninit;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::StatsError;
@@ -281,22 +277,10 @@ pub(crate) struct FsUsage {
 
 /// `statvfs(2)` on `path`.
 pub(crate) fn fs_usage(path: &Path) -> Result<FsUsage, StatsError> {
-    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| StatsError::Statvfs {
+    let stat = rustix::fs::statvfs(path).map_err(|errno| StatsError::Statvfs {
         path: path.to_owned(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
+        source: errno.into(),
     })?;
-    let mut stat = MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c_path` is NUL-terminated and outlives the call; `stat` is writable memory of the
-    // type statvfs fills.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(StatsError::Statvfs {
-            path: path.to_owned(),
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: statvfs returned 0, so it initialised every field.
-    let stat = unsafe { stat.assume_init() };
     let block = stat.f_frsize;
     let blocks = stat.f_blocks;
     Ok(FsUsage {
@@ -351,9 +335,7 @@ pub(super) struct DirUsage {
 
 /// `USER_HZ`, the unit of `/proc/stat` times.
 pub(super) fn clock_ticks() -> u64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100)
+    rustix::param::clock_ticks_per_second()
 }
 
 #[cfg(test)]

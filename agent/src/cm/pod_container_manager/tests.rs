@@ -122,8 +122,7 @@ fn unusable_uids_are_rejected() {
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// Removes the test's cgroup tree from every hierarchy and kills the helper process, even when an

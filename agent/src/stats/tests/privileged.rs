@@ -34,8 +34,7 @@ impl Drop for TestCgroup {
 }
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Some("not running as root".to_owned());
     }
     match CgroupLayout::detect() {
