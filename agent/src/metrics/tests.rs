@@ -229,3 +229,38 @@ fn every_metric_has_help_text() {
         assert!(text.contains(&format!("# HELP {name} ")), "{name}");
     }
 }
+
+/// A stopped probe worker's series leave `/metrics/probes`, as the kubelet's prober deletes them
+/// (`ProberResults.Delete`), so the page does not grow with every pod the node ever ran. This is
+/// what keeps the agent on the `prometheus` crate: `metrics-exporter-prometheus` has no way to
+/// remove one label set (metrics-rs/metrics#243), only an idle timeout for whole kinds of metrics.
+#[test]
+fn a_forgotten_probe_leaves_the_probe_metrics() {
+    let metrics = Metrics::new().unwrap();
+    let labels = |pod: &str| ProbeLabels {
+        probe_type: "Readiness",
+        container: "app".to_owned(),
+        pod: pod.to_owned(),
+        namespace: "default".to_owned(),
+        pod_uid: format!("uid-{pod}"),
+    };
+    let (gone, kept) = (labels("gone"), labels("kept"));
+    for probe in [&gone, &kept] {
+        metrics.observe_probe(
+            probe,
+            ProbeOutcomeLabel::Successful,
+            Some(Duration::from_millis(3)),
+        );
+        metrics.observe_probe(probe, ProbeOutcomeLabel::Failed, None);
+    }
+    metrics.forget_probe(&gone);
+    let text = metrics.render_probes().unwrap();
+    assert!(!text.contains("pod=\"gone\""), "{text}");
+    let (_, samples) = parse(&text);
+    let kept_series = samples
+        .keys()
+        .filter(|series| series.contains("pod=\"kept\""))
+        .count();
+    // Two results of prober_probe_total, and the duration histogram's buckets, sum and count.
+    assert!(kept_series > 2, "{text}");
+}
