@@ -10,6 +10,7 @@
 
 pub mod bootstrap;
 pub mod strategic_merge;
+mod watch_error;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -58,7 +58,10 @@ impl ServiceStore {
                     Ok(None) => return,
                     Err(err) => {
                         if !failing {
-                            tracing::warn!("{}; retrying with back-off", describe(&client, &err));
+                            tracing::warn!(
+                                "{}; retrying with back-off",
+                                client.describe_watch("watch services", &err)
+                            );
                         }
                         failing = true;
                     }
@@ -81,22 +84,6 @@ impl ServiceStore {
             namespace,
             enable_service_links,
         )
-    }
-}
-
-fn describe(client: &ApiClient, err: &watcher::Error) -> String {
-    let action = "watch services";
-    match err {
-        watcher::Error::InitialListFailed(err)
-        | watcher::Error::WatchStartFailed(err)
-        | watcher::Error::WatchFailed(err) => client.describe(action, err),
-        watcher::Error::WatchError(status) => format!(
-            "{action}: the API server ended the watch with {} {}: {}",
-            status.code, status.reason, status.message
-        ),
-        other @ watcher::Error::NoResourceVersion => {
-            format!("{action}: {}", crate::error_chain::error_chain(other))
-        }
     }
 }
 

@@ -288,7 +288,7 @@ async fn watch_object<K>(
             }
             Ok(None) => return,
             Err(err) => {
-                let message = describe(&client, &format!("watch {resource} {object}"), &err);
+                let message = client.describe_watch(&format!("watch {resource} {object}"), &err);
                 if last_failure.as_deref() != Some(message.as_str()) {
                     tracing::warn!("{message}; retrying with back-off");
                 }
@@ -301,21 +301,6 @@ async fn watch_object<K>(
                 });
                 last_failure = Some(message);
             }
-        }
-    }
-}
-
-fn describe(client: &ApiClient, action: &str, err: &watcher::Error) -> String {
-    match err {
-        watcher::Error::InitialListFailed(err)
-        | watcher::Error::WatchStartFailed(err)
-        | watcher::Error::WatchFailed(err) => client.describe(action, err),
-        watcher::Error::WatchError(status) => format!(
-            "{action}: the API server ended the watch with {} {}: {}",
-            status.code, status.reason, status.message
-        ),
-        other @ watcher::Error::NoResourceVersion => {
-            format!("{action}: {}", crate::error_chain::error_chain(other))
         }
     }
 }

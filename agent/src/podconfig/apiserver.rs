@@ -125,7 +125,8 @@ struct FailureLog {
 
 impl FailureLog {
     fn failed(&mut self, client: &ApiClient, node_name: &str, err: &watcher::Error) {
-        let message = describe(client, node_name, err);
+        let message =
+            client.describe_watch(&format!("watch pods with spec.nodeName={node_name}"), err);
         let repeat = self
             .last
             .as_ref()
@@ -139,22 +140,6 @@ impl FailureLog {
     fn recovered(&mut self) {
         if self.last.take().is_some() {
             tracing::info!("watching the pods bound to this node again");
-        }
-    }
-}
-
-fn describe(client: &ApiClient, node_name: &str, err: &watcher::Error) -> String {
-    let action = format!("watch pods with spec.nodeName={node_name}");
-    match err {
-        watcher::Error::InitialListFailed(err)
-        | watcher::Error::WatchStartFailed(err)
-        | watcher::Error::WatchFailed(err) => client.describe(&action, err),
-        watcher::Error::WatchError(status) => format!(
-            "{action}: the API server ended the watch with {} {}: {}",
-            status.code, status.reason, status.message
-        ),
-        other @ watcher::Error::NoResourceVersion => {
-            format!("{action}: {}", crate::error_chain::error_chain(other))
         }
     }
 }
