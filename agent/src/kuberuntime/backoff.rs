@@ -50,11 +50,14 @@ impl BackOff {
     }
 
     /// The current delay if `now` is still inside the back-off window opened by the event at
-    /// `event` (the kubelet's `IsInBackOffSince`); `None` means "go ahead".
+    /// `event` (the kubelet's `IsInBackOffSince`); `None` means "go ahead". The key starts over
+    /// when `event` came long after the last recorded one (a container that ran that long), not
+    /// when `now` is long after it: at the 5-minute cap, the recorded event is the exit before the
+    /// last one, already more than 5 minutes old when the window of the last one ends.
     pub fn in_backoff_since(&self, key: &str, event: Instant, now: Instant) -> Option<Duration> {
         let entries = self.lock();
         let entry = entries.get(key)?;
-        if now.saturating_duration_since(entry.last_event) > self.reset_after {
+        if event.saturating_duration_since(entry.last_event) > self.reset_after {
             return None;
         }
         (now.saturating_duration_since(event) < entry.delay).then_some(entry.delay)
@@ -151,6 +154,30 @@ mod tests {
         );
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(backoff.in_backoff_since_update("img", Instant::now()), None);
+    }
+
+    /// The timeline of the e2e spec "should cap back-off at `MaxContainerBackOff`": a container
+    /// that exits 5 s after each start, restarted at the cap. The window of each exit must last
+    /// the full 5 minutes, though the exit recorded with the key is more than 5 minutes older.
+    #[tokio::test(start_paused = true)]
+    async fn at_the_cap_each_exit_waits_the_full_delay() {
+        let backoff = BackOff::default();
+        let mut exit = Instant::now();
+        for _ in 0..6 {
+            backoff.next("k", exit);
+            exit += Duration::from_secs(1);
+        }
+        let run = Duration::from_secs(5);
+        for _ in 0..3 {
+            let restart_at = exit + MAX;
+            assert_eq!(
+                backoff.in_backoff_since("k", exit, restart_at - Duration::from_secs(1)),
+                Some(MAX)
+            );
+            assert_eq!(backoff.in_backoff_since("k", exit, restart_at), None);
+            assert_eq!(backoff.next("k", exit), MAX);
+            exit = restart_at + run;
+        }
     }
 
     #[tokio::test(start_paused = true)]
