@@ -509,6 +509,38 @@ async fn restart_policy_always_restarts_then_backs_off() {
     );
 }
 
+/// The kubelet keys a container's back-off by its name and image: a pod whose crash-looping
+/// container gets a new image restarts it at once instead of waiting out the old back-off.
+#[tokio::test]
+async fn a_new_image_starts_the_back_off_over() {
+    let setup = Setup::new();
+    let pod = simple_pod("reimage", "Always", &["app"]);
+    setup.sync_ok(&pod).await;
+    setup.exit("app", 1);
+    setup.sync_ok(&pod).await;
+    setup.exit("app", 1);
+    let held = setup.sync(&pod).await;
+    assert_eq!(
+        held.first_failure()
+            .map(|(_, failure)| failure.reason.as_str()),
+        Some("CrashLoopBackOff"),
+        "{held:?}"
+    );
+
+    let mut updated = pod.clone();
+    let spec = updated.spec.as_mut().expect("the pod has a spec");
+    spec.containers[0].image = Some("docker.io/library/busybox:1.35".to_owned());
+    setup.fake.clear_calls();
+    let result = setup.sync(&updated).await;
+    assert!(
+        result
+            .first_failure()
+            .is_none_or(|(_, failure)| failure.reason != "CrashLoopBackOff"),
+        "{result:?}"
+    );
+    assert_eq!(setup.fake.call_count("CreateContainer"), 1, "{result:?}");
+}
+
 #[tokio::test]
 async fn init_containers_run_one_at_a_time_and_a_failure_stops_a_never_pod() {
     let setup = Setup::new();

@@ -468,7 +468,14 @@ impl KubeGenericRuntimeManager {
         let last = status
             .container(&container.name)
             .filter(|c| c.state == ContainerState::Exited)?;
-        let key = format!("{}/{}", pod_uid(pod), container.name);
+        // The kubelet keys the back-off by the container's name and image (its container hash
+        // covers only those): a new image starts over at the initial delay.
+        let key = format!(
+            "{}/{}/{}",
+            pod_uid(pod),
+            container.name,
+            container.image.as_deref().unwrap_or_default()
+        );
         let exited = instant_of(last.finished_at);
         if let Some(delay) = self
             .crash_backoff
