@@ -210,25 +210,11 @@ pub fn image_target() -> String {
     format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
 }
 
-/// Names the cargo profile of the image's binary: `release` unless set (`cargo xtask test` builds
-/// the image with its quicker `image-test` profile and sets this for the tests it runs).
-pub const IMAGE_PROFILE_ENV: &str = "RINGLET_IMAGE_PROFILE";
-
-/// The cargo profile `cargo xtask image` builds with ([`IMAGE_PROFILE_ENV`], else `release`).
-pub fn image_profile() -> String {
-    std::env::var(IMAGE_PROFILE_ENV).unwrap_or_else(|_| "release".to_owned())
-}
-
-/// The static binary `cargo xtask image` builds and puts into the image.
+/// The static release binary `cargo xtask image` builds and puts into the image.
 pub fn image_binary() -> PathBuf {
-    image_binary_of(&image_profile())
-}
-
-/// The static binary `cargo xtask image` builds with cargo profile `profile`.
-pub fn image_binary_of(profile: &str) -> PathBuf {
     target_dir()
         .join(image_target())
-        .join(profile)
+        .join("release")
         .join("ringlet")
 }
 

@@ -11,7 +11,7 @@ use std::fs;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use ringlet_tests::{RINGLET_IMAGE, image_binary_of, image_dir, image_target};
+use ringlet_tests::{RINGLET_IMAGE, image_binary, image_dir, image_target};
 use serde_json::Value;
 
 use crate::oci::{self, ImageSpec, Layer};
@@ -26,11 +26,9 @@ const TARBALL: &str = "ringlet-image.tar";
 /// ELF program header type of the program interpreter (the dynamic loader).
 const PT_INTERP: u32 = 3;
 
-/// Builds the image with the binary of cargo profile `profile` (`release` for the real image) and,
-/// with `import`, imports it into the lab.
-pub fn run(import: bool, profile: &str) -> Result<()> {
+pub fn run(import: bool) -> Result<()> {
     let started = Instant::now();
-    let binary = build_static_binary(profile)?;
+    let binary = build_static_binary()?;
     let built = started.elapsed();
     let ca_bundle = fs::read(CA_BUNDLE)
         .with_context(|| format!("reading {CA_BUNDLE} (Debian package ca-certificates)"))?;
@@ -98,7 +96,7 @@ pub fn import_if_built() -> Result<()> {
 }
 
 /// Builds `ringlet` statically linked and returns it.
-fn build_static_binary(profile: &str) -> Result<Vec<u8>> {
+fn build_static_binary() -> Result<Vec<u8>> {
     let target = image_target();
     // With --target, RUSTFLAGS apply to the target's crates only (not build scripts), and the
     // output goes to target/<triple>/, leaving the normal builds alone.
@@ -106,10 +104,10 @@ fn build_static_binary(profile: &str) -> Result<Vec<u8>> {
         cargo()
             .current_dir(workspace_root())
             .env("RUSTFLAGS", "-C target-feature=+crt-static")
-            .args(["build", "--profile", profile, "--target", &target])
+            .args(["build", "--release", "--target", &target])
             .args(["-p", "ringlet", "--bin", "ringlet"]),
     )?;
-    let path = image_binary_of(profile);
+    let path = image_binary();
     let binary = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     if has_interpreter(&binary)
         .with_context(|| format!("{} is not a 64-bit ELF executable", path.display()))?

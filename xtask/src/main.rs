@@ -146,7 +146,7 @@ fn main() -> Result<()> {
             ClusterAction::Down => cluster::down(),
             ClusterAction::Status => cluster::status(),
         },
-        Command::Image { import } => image::run(import, &ringlet_tests::image_profile()),
+        Command::Image { import } => image::run(import),
         Command::Demo => demo::run(),
         Command::Test => test::run(),
         Command::Fuzz(args) => fuzz::fuzz(&args),

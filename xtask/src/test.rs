@@ -14,8 +14,6 @@ use crate::{cargo, cluster, image, lab, lab_registry, workspace_root};
 /// The end-to-end test files whose behaviour depends on the I/O engine: the engine's sockets under
 /// the kubelet API (TLS, exec and attach streams, log reads) and its selection and fallback.
 const ENGINE_SENSITIVE: &[&str] = &["io_engine", "kubelet_api"];
-/// The cargo profile of the image the test suite builds (see the workspace's Cargo.toml).
-const IMAGE_TEST_PROFILE: &str = "image-test";
 /// ginkgo's parallel processes for CI's conformance subset.
 const CONFORMANCE_PROCS: u32 = 6;
 
@@ -83,11 +81,10 @@ pub fn run() -> Result<()> {
         .status()?
         .success();
     let smoke = tiers.record("runtime smoke tests", started, smoke);
-    // The agent's image for the end-to-end tests that run it, built with the quick profile: those
-    // tests check what the image holds and does, not the release build's size.
+    // The agent's image for the end-to-end test that runs it (a static release build).
     println!("== container image");
     let started = Instant::now();
-    let image = image::run(true, IMAGE_TEST_PROFILE)
+    let image = image::run(true)
         .inspect_err(|err| println!("cargo xtask image failed: {err:#}"))
         .is_ok();
     let image = tiers.record("container image", started, image);
@@ -125,7 +122,6 @@ fn end_to_end(root: &std::path::Path, tiers: &mut Tiers) -> Result<bool> {
     let epoll = cargo()
         .current_dir(root)
         .env(ringlet_tests::IO_ENGINE_ENV, "epoll")
-        .env(ringlet_tests::IMAGE_PROFILE_ENV, IMAGE_TEST_PROFILE)
         .args([
             "test",
             "--no-fail-fast",
@@ -143,7 +139,6 @@ fn end_to_end(root: &std::path::Path, tiers: &mut Tiers) -> Result<bool> {
     uring
         .current_dir(root)
         .env(ringlet_tests::IO_ENGINE_ENV, "uring")
-        .env(ringlet_tests::IMAGE_PROFILE_ENV, IMAGE_TEST_PROFILE)
         .args(["test", "--no-fail-fast", "-p", "ringlet-tests"]);
     for test in ENGINE_SENSITIVE {
         uring.args(["--test", test]);
