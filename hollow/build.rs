@@ -14,10 +14,7 @@ const CRI_PROTO: &str = "../proto/cri/api.proto";
 const EXTENSION_PROTO: &str = "proto/hollow.proto";
 
 /// Extension service → the upstream service that gets its methods.
-const MERGES: [(&str, &str); 2] = [
-    ("HollowRuntimeServiceExtension", "RuntimeService"),
-    ("HollowImageServiceExtension", "ImageService"),
-];
+const MERGES: [(&str, &str); 1] = [("HollowRuntimeServiceExtension", "RuntimeService")];
 
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed={CRI_PROTO}");

@@ -7,6 +7,7 @@
 
 pub mod apis;
 pub mod apiserver;
+pub mod certificate;
 pub mod cli;
 pub mod cm;
 pub mod container;
@@ -15,6 +16,8 @@ pub mod envvars;
 pub mod error_chain;
 pub mod event_stream;
 pub mod events;
+pub mod eviction;
+pub mod images;
 pub mod io;
 pub mod kubelet;
 pub mod kuberuntime;

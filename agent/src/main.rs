@@ -16,6 +16,8 @@ use ringlet::apis::config::{
 };
 use ringlet::apiserver::bootstrap::{self, BootstrapSettings};
 use ringlet::apiserver::{ApiClient, ApiClientOptions};
+use ringlet::certificate::csr::CsrTemplate;
+use ringlet::certificate::{self, ClientRotation, ServingRotation};
 use ringlet::cli;
 use ringlet::cm::{PodContainerManager, QosClass};
 use ringlet::container::{Runtime, StreamingRuntime};
@@ -23,6 +25,8 @@ use ringlet::ebpf;
 use ringlet::error_chain::error_chain;
 use ringlet::event_stream::{self, EventBroadcaster};
 use ringlet::events::Recorder;
+use ringlet::eviction::{DEFAULT_MONITORING_PERIOD, EvictionManager, EvictionSettings};
+use ringlet::images::{CriImageGcRuntime, ImageGcManager, ImageGcPolicy};
 use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
     ApiParts, Kubelet, KubeletDeps, KubeletServerHost, KubeletSettings, NodeHelper,
@@ -133,6 +137,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let helper = node_helper(&config, &pod_cgroups, node, objects.clone(), &probe_results);
     let runtime_manager = build_runtime(&config, engine, &recorder, helper);
     let log_rotation = log_rotation(&config, runtime_manager.cri());
+    let image_gc = image_gc(&config, runtime_manager.cri(), &recorder);
     runtime_manager.check_node_resolv_conf().await;
     let probes = ProbeDeps {
         results: probe_results,
@@ -168,18 +173,18 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     );
 
     if config.runonce {
-        let results = kubelet
-            .run_once(updates, sources_ready)
-            .await
-            .map_err(|err| anyhow::anyhow!("runonce failed: {err}"))?;
-        return Ok(report_run_once(&results));
+        return report_run_once(kubelet.run_once(updates, sources_ready).await);
     }
 
-    let api_serving = if kc.enable_server {
-        Some(api_serving(&config, api_client.clone())?)
-    } else {
-        None
-    };
+    let (api_serving, _rotations) = api_serving_and_rotations(&config, api_client.as_ref())?;
+    // A provider of its own: a clone would share the API's CPU samples, which each scrape prunes
+    // to the pods it read.
+    start_eviction(
+        &config,
+        &kubelet,
+        stats_provider(&config, &pod_cgroups)?,
+        event_log.clone(),
+    )?;
     let host = kubelet.server_host(ApiParts {
         streaming,
         stats: stats_provider(&config, &pod_cgroups)?,
@@ -190,6 +195,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let (stop_servers, mut servers) = start_servers(kc, engine, api_serving, &host)?;
     let mut stopped = stop_servers.subscribe();
     let rotating_logs = log_rotation.map(|manager| tokio::spawn(manager.run()));
+    let collecting_images = tokio::spawn(image_gc.run());
     servers.push(tokio::spawn(serve_events(
         config.events_socket.clone(),
         broadcaster,
@@ -215,6 +221,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     if let Some(rotating_logs) = rotating_logs {
         rotating_logs.abort();
     }
+    collecting_images.abort();
     drop(ebpf_handle);
     // Blocks for the last batch of `events.log`; nothing is left running on the core to delay.
     event_log.flush_log();
@@ -416,6 +423,16 @@ fn build_runtime(
     ))
 }
 
+/// Image garbage collection over the runtime manager's CRI connection, events about the node.
+fn image_gc(config: &AgentConfig, cri: &CriClient, recorder: &Recorder) -> ImageGcManager {
+    ImageGcManager::new(
+        Arc::new(CriImageGcRuntime::new(cri.clone())),
+        ImageGcPolicy::from(&config.kubelet.image_gc),
+        recorder.clone(),
+        config.node_name.clone(),
+    )
+}
+
 /// Container log rotation over the runtime manager's CRI connection, unless a negative
 /// `containerLogMaxSize` turns it off.
 fn log_rotation(config: &AgentConfig, cri: &CriClient) -> Option<ContainerLogManager> {
@@ -451,14 +468,95 @@ fn node_helper(
     })
 }
 
-/// TLS and authentication for the kubelet API; any problem (a bad certificate, an unreachable
-/// kubeconfig) stops the agent at startup with the reason.
-fn api_serving(config: &AgentConfig, api_client: Option<ApiClient>) -> anyhow::Result<ApiServing> {
+/// The kubelet API's TLS and authentication when it is on, and the certificate managers.
+fn api_serving_and_rotations(
+    config: &AgentConfig,
+    api_client: Option<&ApiClient>,
+) -> anyhow::Result<(Option<ApiServing>, CertificateRotations)> {
+    let api_serving = if config.kubelet.enable_server {
+        Some(api_serving(config, api_client.cloned())?)
+    } else {
+        None
+    };
+    let rotations = certificate_rotations(config, api_client, api_serving.as_ref())?;
+    Ok((api_serving, rotations))
+}
+
+/// The certificate managers of `rotateCertificates` and `serverTLSBootstrap`, running while this
+/// lives.
+struct CertificateRotations {
+    _client: Option<ClientRotation>,
+    _serving: Option<ServingRotation>,
+}
+
+/// Starts the certificate managers the configuration asks for.
+fn certificate_rotations(
+    config: &AgentConfig,
+    api_client: Option<&ApiClient>,
+    api_serving: Option<&ApiServing>,
+) -> anyhow::Result<CertificateRotations> {
+    let kc = &config.kubelet;
+    let client = match api_client {
+        Some(api) if kc.rotate_certificates => {
+            if api.client_certificate_pem().is_some() {
+                Some(certificate::start_client_rotation(
+                    api,
+                    &config.node_name,
+                    &config.cert_dir,
+                ))
+            } else {
+                tracing::warn!(
+                    identity = api.identity(),
+                    "rotateCertificates: the API credentials are not a client certificate; nothing to rotate"
+                );
+                None
+            }
+        }
+        _ => None,
+    };
+    let serving = match (api_serving, kc.server_tls_bootstrap) {
+        (Some(serving), true) => {
+            let api = api_client.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "serverTLSBootstrap (--rotate-server-certificates) needs an API server to \
+                     request the serving certificate from (--kubeconfig)"
+                )
+            })?;
+            let template = CsrTemplate::serving(
+                &config.node_name,
+                &node_status_settings(config).hostname,
+                &serving_addresses(config),
+            );
+            Some(certificate::start_serving_rotation(
+                api,
+                &serving.tls,
+                template,
+                &config.cert_dir,
+            ))
+        }
+        _ => None,
+    };
+    Ok(CertificateRotations {
+        _client: client,
+        _serving: serving,
+    })
+}
+
+/// The addresses the serving certificate names: the node's IP and the listening address.
+fn serving_addresses(config: &AgentConfig) -> Vec<IpAddr> {
     let kc = &config.kubelet;
     let mut addresses: Vec<IpAddr> = vec![node_status_settings(config).host_ip()];
     if !kc.address.is_unspecified() && !addresses.contains(&kc.address) {
         addresses.push(kc.address);
     }
+    addresses
+}
+
+/// TLS and authentication for the kubelet API; any problem (a bad certificate, an unreachable
+/// kubeconfig) stops the agent at startup with the reason.
+fn api_serving(config: &AgentConfig, api_client: Option<ApiClient>) -> anyhow::Result<ApiServing> {
+    let kc = &config.kubelet;
+    let addresses = serving_addresses(config);
     let tls = ServingTls::load(&TlsSettings {
         cert_file: kc.tls_cert_file.clone(),
         private_key_file: kc.tls_private_key_file.clone(),
@@ -468,6 +566,7 @@ fn api_serving(config: &AgentConfig, api_client: Option<ApiClient>) -> anyhow::R
         min_version: kc.tls_min_version.clone(),
         cipher_suites: kc.tls_cipher_suites.clone(),
         client_ca_file: kc.authentication.x509_client_ca_file.clone(),
+        server_tls_bootstrap: kc.server_tls_bootstrap,
     })
     .map_err(|err| {
         anyhow::anyhow!(
@@ -533,10 +632,49 @@ fn stats_provider(
     Ok(StatsProvider::new(settings))
 }
 
-/// Prints one line per pod and a summary; fails when any pod failed.
-fn report_run_once(results: &[RunPodResult]) -> ExitCode {
+/// The eviction manager (`evictionHard` and the eviction section) as a task of its own. Image
+/// garbage collection joins disk reclaim through `EvictionManager::with_image_reclaimer` once it
+/// offers a one-shot collection.
+fn start_eviction(
+    config: &AgentConfig,
+    kubelet: &Kubelet,
+    stats: StatsProvider,
+    recorder: Recorder,
+) -> anyhow::Result<()> {
+    let kc = &config.kubelet;
+    let thresholds = kc
+        .eviction
+        .thresholds(&kc.node.eviction_hard)
+        .map_err(|problems| {
+            anyhow::anyhow!("invalid eviction thresholds: {}", problems.join("; "))
+        })?;
+    let layout = CgroupLayout::detect()
+        .map_err(|err| anyhow::anyhow!("cannot find the cgroup mounts for eviction: {err}"))?;
+    let (handle, host) = kubelet.eviction_parts();
+    let settings = EvictionSettings {
+        thresholds,
+        pressure_transition_period: kc.eviction.pressure_transition_period,
+        max_pod_grace_period_seconds: i64::from(kc.eviction.max_pod_grace_period),
+        monitoring_period: DEFAULT_MONITORING_PERIOD,
+    };
+    let manager = EvictionManager::new(
+        settings,
+        handle,
+        host,
+        stats,
+        layout,
+        recorder,
+        config.node_name.clone(),
+    );
+    tokio::spawn(manager.run());
+    Ok(())
+}
+
+/// Prints one line per pod and a summary; fails when the run or any pod failed.
+fn report_run_once(results: Result<Vec<RunPodResult>, String>) -> anyhow::Result<ExitCode> {
+    let results = results.map_err(|err| anyhow::anyhow!("runonce failed: {err}"))?;
     let mut failed = 0;
-    for result in results {
+    for result in &results {
         match &result.outcome {
             Ok(()) => println!("{}: running", result.pod),
             Err(err) => {
@@ -550,11 +688,11 @@ fn report_run_once(results: &[RunPodResult]) -> ExitCode {
         results.len(),
         results.len() - failed
     );
-    if failed == 0 {
+    Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
+    })
 }
 
 type ServerTasks = Vec<tokio::task::JoinHandle<anyhow::Result<()>>>;

@@ -1,12 +1,16 @@
-//! The agent's calls that Rust cannot check: glibc's allocator controls and a shutdown on a
-//! descriptor borrowed from a type that only hands out its raw number. Every other system call
-//! goes through `rustix` or `nix`, whose wrappers are safe; what must stay `unsafe` lives here,
-//! each block with the reason it is sound. (Outside it, only `io::net::SendStream`'s `Send` and the
-//! drop of its stream, whose soundness rests on that type's own thread checks, and test code.)
+//! The agent's calls that Rust cannot check: glibc's allocator controls, a shutdown on a
+//! descriptor borrowed from a type that only hands out its raw number, and registering a descriptor
+//! with tokio's reactor. Every other system call goes through `rustix` or `nix`, whose wrappers are
+//! safe; what must stay `unsafe` lives here, each block with the reason it is sound. (Outside it,
+//! only `io::net::SendStream`'s `Send` and the drop of its stream, whose soundness rests on that
+//! type's own thread checks, and test code.)
 
 #![allow(unsafe_code)]
 
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 
 /// `mallopt(3)`: sets one of glibc malloc's parameters; a value it refuses leaves it as it was.
 pub fn mallopt(parameter: libc::c_int, value: libc::c_int) {
@@ -31,4 +35,12 @@ pub fn shutdown_socket(fd: RawFd) {
     // holds), and the borrow ends with this call.
     let socket = unsafe { BorrowedFd::borrow_raw(fd) };
     let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Both);
+}
+
+/// Registers `fd` with tokio's reactor for readability (tokio made its registration `unsafe`:
+/// the descriptor must stay open and keep its number while registered). Must run on a runtime.
+pub fn register_readable(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the `AsyncFd` takes ownership of the `OwnedFd`, so the descriptor stays open and
+    // keeps its number for as long as it is registered.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(Into::into)
 }

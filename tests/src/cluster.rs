@@ -152,9 +152,22 @@ impl Cluster {
     /// authorizer and `NodeRestriction` apply) with a fresh key and certificate, and returns its path
     /// (`nodes/<node>.kubeconfig` in the cluster directory, replaced on every call).
     pub fn node_kubeconfig(&self, node: &str) -> Result<PathBuf> {
+        self.node_kubeconfig_valid_for(node, None)
+    }
+
+    /// [`Self::node_kubeconfig`] with a certificate valid from now for `validity` (not back-dated)
+    /// instead of a year: certificate rotation tests.
+    pub fn node_kubeconfig_valid_for(
+        &self,
+        node: &str,
+        validity: Option<Duration>,
+    ) -> Result<PathBuf> {
         let ca = Ca::load(&self.dir)?;
-        let (cert_pem, key_pem) =
-            ca.client_certificate(&format!("system:node:{node}"), Some("system:nodes"))?;
+        let (cert_pem, key_pem) = ca.client_certificate_valid_for(
+            &format!("system:node:{node}"),
+            Some("system:nodes"),
+            validity,
+        )?;
         let user = format!("system:node:{node}");
         let config = kubeconfig(
             &self.server,
@@ -210,6 +223,12 @@ impl Cluster {
     /// certificate for the CSR's public key, subject and names (its usages as asked, valid one
     /// year, signed by the CA) into its status.
     pub fn sign_csr(&self, name: &str) -> Result<()> {
+        self.sign_csr_valid_for(name, None)
+    }
+
+    /// [`Self::sign_csr`], the certificate valid from now for `validity` (not back-dated) when
+    /// given: certificate rotation tests.
+    pub fn sign_csr_valid_for(&self, name: &str, validity: Option<Duration>) -> Result<()> {
         let csr = self.get_json(&["csr", name])?;
         let mut request = parse_csr(&csr).with_context(|| format!("CSR {name}"))?;
         let usages = csr["spec"]["usages"]
@@ -218,7 +237,7 @@ impl Cluster {
             .unwrap_or_default();
         set_usages(&mut request.params, &usages).with_context(|| format!("CSR {name}"))?;
         request.params.is_ca = IsCa::NoCa;
-        set_validity(&mut request.params, CERTIFICATE_VALIDITY);
+        set_validity_or_short(&mut request.params, validity);
         let ca = Ca::load(&self.dir)?;
         let certificate = ca.sign(&request.params, &request.public_key)?;
 
@@ -325,6 +344,21 @@ pub fn set_validity(params: &mut CertificateParams, validity: Duration) {
     params.not_after = epoch + since_epoch + validity;
 }
 
+/// A year back-dated a few minutes, or exactly `short` from now.
+fn set_validity_or_short(params: &mut CertificateParams, short: Option<Duration>) {
+    match short {
+        None => set_validity(params, CERTIFICATE_VALIDITY),
+        Some(validity) => {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let epoch = rcgen::date_time_ymd(1970, 1, 1);
+            params.not_before = epoch + Duration::from_secs(now.as_secs());
+            params.not_after = params.not_before + validity;
+        }
+    }
+}
+
 /// The control plane's CA, loaded from `ca.crt` and `ca.key`.
 pub struct Ca {
     pem: String,
@@ -361,6 +395,16 @@ impl Ca {
     /// A fresh key and a client certificate (PEM certificate, PEM key) for `user` in `group`, valid
     /// for [`CERTIFICATE_VALIDITY`].
     pub fn client_certificate(&self, user: &str, group: Option<&str>) -> Result<(String, String)> {
+        self.client_certificate_valid_for(user, group, None)
+    }
+
+    /// [`Self::client_certificate`], valid from now for `validity` when given.
+    pub fn client_certificate_valid_for(
+        &self,
+        user: &str,
+        group: Option<&str>,
+        validity: Option<Duration>,
+    ) -> Result<(String, String)> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, user);
@@ -371,7 +415,7 @@ impl Ca {
         }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        set_validity(&mut params, CERTIFICATE_VALIDITY);
+        set_validity_or_short(&mut params, validity);
         Ok((self.sign(&params, &key)?, key.serialize_pem()))
     }
 }

@@ -44,6 +44,9 @@ pub struct ClusterNodeOptions {
     pub args: Vec<String>,
     /// How the agent reaches the API server.
     pub credentials: NodeCredentials,
+    /// With [`NodeCredentials::NodeKubeconfig`]: the client certificate's lifetime instead of a
+    /// year (certificate rotation tests).
+    pub client_certificate_validity: Option<Duration>,
 }
 
 /// How a test's agent reaches the API server.
@@ -107,7 +110,10 @@ impl ClusterNode {
             NodeCredentials::NodeKubeconfig => {
                 args.extend([
                     "--kubeconfig".to_owned(),
-                    cluster.node_kubeconfig(&node)?.display().to_string(),
+                    cluster
+                        .node_kubeconfig_valid_for(&node, options.client_certificate_validity)?
+                        .display()
+                        .to_string(),
                 ]);
             }
         }

@@ -24,6 +24,7 @@ pub mod cluster_node;
 pub mod daemon;
 pub mod kubelet_host;
 pub mod node_lock;
+pub mod private_containerd;
 pub mod registry;
 pub mod stalling_proxy;
 
@@ -37,6 +38,32 @@ pub const IO_ENGINE_ENV: &str = "RINGLET_E2E_IO_ENGINE";
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 /// Where `cargo xtask lab` keeps containerd's configuration, log and pid file.
 pub const LAB_DIR: &str = "/var/lib/ringlet-lab";
+/// Flags that turn image garbage collection off, for agents on the lab's containerd: by the
+/// kubelet's measure (space available to non-root users against the size) this machine's root
+/// filesystem is above the default 85 % (ext4 reserves most of its free blocks here), so
+/// collection would remove every image no container uses at that moment, the busybox, pause and
+/// conformance images everyone needs. The upstream kubelet runs with the same
+/// (`kubelet_host.rs`).
+pub const LAB_IMAGE_GC_OFF: [&str; 4] = [
+    "--image-gc-high-threshold",
+    "100",
+    "--image-gc-low-threshold",
+    "99",
+];
+/// The hard eviction thresholds of agents on the lab, the lab kubelet's (`kubelet_host.rs`): the
+/// disk of a build machine sits near the default 10 %/15 % nodefs/imagefs thresholds, and an agent
+/// under disk pressure would evict and refuse every pod it is given.
+pub const LAB_EVICTION_HARD: &str =
+    "--eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%";
+/// What every agent the xtask tasks start on the lab gets: [`LAB_EVICTION_HARD`] and
+/// [`LAB_IMAGE_GC_OFF`].
+pub const LAB_AGENT_FLAGS: [&str; 5] = [
+    LAB_EVICTION_HARD,
+    LAB_IMAGE_GC_OFF[0],
+    LAB_IMAGE_GC_OFF[1],
+    LAB_IMAGE_GC_OFF[2],
+    LAB_IMAGE_GC_OFF[3],
+];
 
 /// The lab's containerd, as `cargo xtask lab up` started it.
 pub fn lab_containerd() -> daemon::Daemon {
@@ -456,6 +483,23 @@ impl Agent {
                 .any(|arg| arg.starts_with("--io-engine"))
         {
             args.extend(["--io-engine".to_owned(), engine]);
+        }
+        // As the lab's kubelet (`kubelet_host.rs`): the disk of a build machine sits near the
+        // default 10 %/15 % nodefs/imagefs thresholds, and an agent under disk pressure would
+        // evict and refuse every test's pods. A test that is about eviction sets its own.
+        if !options
+            .args
+            .iter()
+            .any(|arg| arg.starts_with("--eviction-hard"))
+        {
+            args.push(LAB_EVICTION_HARD.to_owned());
+        }
+        if !options
+            .args
+            .iter()
+            .any(|arg| arg.starts_with("--image-gc-"))
+        {
+            args.extend(LAB_IMAGE_GC_OFF.map(str::to_owned));
         }
         args.extend(options.args);
         let client_ca_file = options

@@ -27,12 +27,15 @@ const WATCHDOG: Duration = Duration::from_secs(2);
 const START: Duration = Duration::from_mins(1);
 /// The test's `KubeletConfiguration`: a 1 s resync makes the sync-loop health threshold its 10 s
 /// floor; a 1 s full relist retries the first relist (which fails while containerd is down) at
-/// once instead of after the 60 s safety period of ebpf mode.
+/// once instead of after the 60 s safety period of ebpf mode. Image garbage collection is off, as
+/// for every agent on the lab's containerd (`ringlet_tests::LAB_IMAGE_GC_OFF`).
 const CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 syncFrequency: 1s
 plegMode: ebpf
 plegRelistPeriod: 1s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 ";
 
 /// The settings of the unit file the test acts on.

@@ -99,6 +99,7 @@ fn run_startup(binary: &Path, pods: usize, args: &StartupArgs) -> Result<Vec<Met
     let started = Instant::now();
     let mut agent = Agent::spawn(
         Command::new(binary)
+            .args(ringlet_tests::LAB_AGENT_FLAGS)
             .arg("--pod-manifest-path")
             .arg(&manifests)
             .arg("--root-dir")

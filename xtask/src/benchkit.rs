@@ -8,6 +8,7 @@ use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -29,18 +30,51 @@ const QUIET_FOR: Duration = Duration::from_secs(20);
 /// `binary`, or `release/ringlet` freshly built in cargo's target directory (`CARGO_TARGET_DIR`,
 /// relative to the workspace, else `target`).
 pub fn ringlet_binary(root: &Path, binary: Option<&Path>) -> Result<PathBuf> {
+    release_binary(root, "ringlet", "ringlet", binary)
+}
+
+/// `binary`, or program `name` of `package` freshly built in release mode in cargo's target
+/// directory.
+pub fn release_binary(
+    root: &Path,
+    package: &str,
+    name: &str,
+    binary: Option<&Path>,
+) -> Result<PathBuf> {
     if let Some(binary) = binary {
         return Ok(binary.to_path_buf());
     }
     cmd::run(
         cargo()
             .current_dir(root)
-            .args(["build", "--release", "-p", "ringlet"]),
+            .args(["build", "--release", "-p", package]),
     )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .filter(|d| !d.is_empty())
         .map_or_else(|| root.join("target"), |d| root.join(d));
-    Ok(target.join("release/ringlet"))
+    Ok(target.join("release").join(name))
+}
+
+/// Set by Ctrl-C once [`stop_on_interrupt`] is installed.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Makes Ctrl-C end the run through [`Agent::exited`], which every wait of a bench calls, so the
+/// bench's cleanup still runs. Only for benches that start their processes in a process group of
+/// their own: the others' would get the terminal's SIGINT and nobody would stop them.
+pub fn stop_on_interrupt() -> Result<()> {
+    ctrlc::set_handler(|| {
+        println!("interrupted: cleaning up");
+        INTERRUPTED.store(true, Ordering::SeqCst);
+    })
+    .context("installing the Ctrl-C handler")
+}
+
+/// Fails once Ctrl-C was pressed (see [`stop_on_interrupt`]).
+pub fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
 }
 
 /// A running agent (ringlet, or the upstream kubelet it is compared with) that is stopped
@@ -83,7 +117,9 @@ impl Agent {
         self.child.id()
     }
 
+    /// Fails when the agent exited, or when the run was interrupted.
     pub fn exited(&mut self) -> Result<()> {
+        check_interrupted()?;
         if let Some(status) = self.child.try_wait()? {
             // Reaped: its pid may be reused, so stop() must not signal it.
             self.stopped = true;
@@ -272,14 +308,19 @@ fn proc_field(file: &str, key: &str) -> String {
 /// the one on `PATH` when the lab runs trixie's).
 pub fn machine() -> Result<Machine> {
     let version = format!("containerd {}", crate::lab::server_version()?);
-    Ok(Machine {
+    Ok(machine_with(&version))
+}
+
+/// This machine, with `runtime` as the container runtime the bench ran on.
+pub fn machine_with(runtime: &str) -> Machine {
+    Machine {
         cpu: proc_field("/proc/cpuinfo", "model name"),
         cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         memory: proc_field("/proc/meminfo", "MemTotal"),
         kernel: fs::read_to_string("/proc/sys/kernel/osrelease")
             .map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned()),
-        containerd: version.trim().to_owned(),
-    })
+        containerd: runtime.trim().to_owned(),
+    }
 }
 
 pub use ringlet_tests::kubelet_host::unmount_below;

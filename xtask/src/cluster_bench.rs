@@ -88,13 +88,13 @@ pub struct ClusterArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Ringlet,
     Kubelet,
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Ringlet => "ringlet",
             Self::Kubelet => "kubelet",
@@ -127,12 +127,12 @@ impl Stats {
 }
 
 #[derive(Serialize)]
-struct Idle {
+pub(crate) struct Idle {
     window_s: f64,
     /// utime + stime over the window, in % of one core.
-    cpu_percent: f64,
-    rss_mib_median: f64,
-    rss_mib_max: f64,
+    pub(crate) cpu_percent: f64,
+    pub(crate) rss_mib_median: f64,
+    pub(crate) rss_mib_max: f64,
     /// `None` without an audit log.
     api_requests_per_minute: Option<f64>,
     /// Requests in the window by `<verb> <resource>[/<subresource>]` (or the path).
@@ -377,19 +377,19 @@ impl Drop for Sentinel {
 }
 
 /// The agent under test, with a [`Sentinel`] when it is the upstream kubelet.
-struct Subject {
-    agent: Agent,
+pub(crate) struct Subject {
+    pub(crate) agent: Agent,
     sentinel: Option<Sentinel>,
 }
 
 impl Subject {
-    fn new(agent: Agent, kind: Kind) -> Self {
+    pub(crate) fn new(agent: Agent, kind: Kind) -> Self {
         let sentinel = (kind == Kind::Kubelet).then(|| Sentinel::start(agent.pid()));
         Self { agent, sentinel }
     }
 
     /// Fails when the agent exited, or when another agent appeared next to the kubelet.
-    fn alive(&mut self) -> Result<()> {
+    pub(crate) fn alive(&mut self) -> Result<()> {
         self.agent.exited()?;
         if let Some(other) = self.intruder() {
             bail!(
@@ -403,12 +403,12 @@ impl Subject {
         self.sentinel.as_ref().and_then(Sentinel::found)
     }
 
-    fn log(&self) -> &Path {
+    pub(crate) fn log(&self) -> &Path {
         &self.agent.log
     }
 }
 
-async fn admin_client(control_plane: &Cluster) -> Result<kube::Client> {
+pub(crate) async fn admin_client(control_plane: &Cluster) -> Result<kube::Client> {
     let kubeconfig = kube::config::Kubeconfig::read_from(&control_plane.admin_kubeconfig)
         .with_context(|| format!("reading {}", control_plane.admin_kubeconfig.display()))?;
     let config = kube::Config::from_custom_kubeconfig(
@@ -495,7 +495,7 @@ fn run_side(
     agent.agent.stop();
     let objects_removed = runtime.block_on(remove_node_objects(client, &node));
     let host_restored = host.map_or(Ok(()), HostGuard::restore);
-    let files_removed = remove_files(&root_dir, &run_dir, &kubeconfig);
+    let files_removed = remove_files(&root_dir, &run_dir, Some(&kubeconfig));
     let (node_ready_ms, mut rounds) = measured?;
     pods_removed?;
     objects_removed?;
@@ -560,6 +560,7 @@ fn spawn_agent(
                 .args(["--port", &api_port.to_string()])
                 .args(["--healthz-port", &healthz_port.to_string()])
                 .args(["--address", "127.0.0.1"])
+                .args(ringlet_tests::LAB_AGENT_FLAGS)
                 .args(["--container-runtime-endpoint", &runtime_endpoint])
                 .arg("--events-socket")
                 .arg(run_dir.join("events.sock"));
@@ -676,14 +677,14 @@ async fn refuse_failed_pods(pods: &Api<Pod>, names: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn node_ready(node: &Node) -> bool {
+pub(crate) fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn running_and_ready(pod: &Pod) -> bool {
+pub(crate) fn running_and_ready(pod: &Pod) -> bool {
     let Some(status) = &pod.status else {
         return false;
     };
@@ -811,7 +812,7 @@ async fn round(
 }
 
 /// CPU and RSS of the agent over `length`, with the wall-clock window for the audit log.
-async fn idle_window(
+pub(crate) async fn idle_window(
     agent: &mut Subject,
     length: Duration,
 ) -> Result<(Idle, (jiff::Timestamp, jiff::Timestamp))> {
@@ -873,22 +874,26 @@ async fn wait_runtime_clean(agent: &mut Subject) -> Result<()> {
 }
 
 /// When the watch first saw a pod Running and Ready, and gone.
-#[derive(Default, Clone, Copy)]
-struct Seen {
-    ready: Option<Instant>,
+#[derive(Default, Clone)]
+pub(crate) struct Seen {
+    pub(crate) ready: Option<Instant>,
     gone: Option<Instant>,
+    /// The first container's restart count and whether all containers ran, as last seen.
+    state: Option<(i32, bool)>,
+    /// When [`Seen::state`] changed (an exit, then the restart, show here), oldest first.
+    pub(crate) changes: Vec<Instant>,
 }
 
 /// A watch on the pods bound to one node, following them from before the first create; every
 /// event is timestamped as it arrives.
-struct PodWatch {
+pub(crate) struct PodWatch {
     seen: Arc<Mutex<HashMap<String, Seen>>>,
     task: tokio::task::JoinHandle<Result<()>>,
 }
 
 impl PodWatch {
     /// Returns once the API server has accepted the watch: nothing created afterwards is missed.
-    async fn start(api: Api<Pod>, node: &str) -> Result<Self> {
+    pub(crate) async fn start(api: Api<Pod>, node: &str) -> Result<Self> {
         let selector = format!("spec.nodeName={node}");
         let list = api.list(&ListParams::default().fields(&selector)).await?;
         let version = list
@@ -904,7 +909,7 @@ impl PodWatch {
 
     /// Polls what the watch has seen until `check` accepts it; fails when the agent or the watch
     /// ends, or after `timeout`.
-    async fn wait<T>(
+    pub(crate) async fn wait<T>(
         &mut self,
         agent: &mut Subject,
         what: &str,
@@ -930,6 +935,17 @@ impl PodWatch {
             }
             tokio::time::sleep(WATCH_POLL).await;
         }
+    }
+}
+
+impl PodWatch {
+    /// What the watch has seen of pod `name` so far.
+    pub(crate) fn seen(&self, name: &str) -> Option<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
     }
 }
 
@@ -968,13 +984,35 @@ async fn follow(
             let entry = seen.entry(name).or_default();
             if gone {
                 entry.gone.get_or_insert(now);
-            } else if running_and_ready(&pod) {
+                continue;
+            }
+            if running_and_ready(&pod) {
                 entry.ready.get_or_insert(now);
             }
+            let state = Some(container_state(&pod));
+            if entry.state.is_some() && entry.state != state {
+                entry.changes.push(now);
+            }
+            entry.state = state;
         }
         // The API server ends every watch after a few minutes: go on from the last version seen.
         stream = api.watch(&params, &version).await?.boxed();
     }
+}
+
+/// The first container's restart count and whether every container runs.
+fn container_state(pod: &Pod) -> (i32, bool) {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    let wanted = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+    let running = statuses.len() == wanted
+        && statuses
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    (statuses.first().map_or(0, |c| c.restart_count), running)
 }
 
 /// Force-deletes the pods bound to `node` (none after a run that went through) and waits until
@@ -1016,7 +1054,7 @@ async fn remove_pods(client: &kube::Client, node: &str, agent: &mut Subject) -> 
 
 /// Deletes the Node, its Lease and `CSINode` (the upstream kubelet makes one; without
 /// kube-controller-manager nothing collects it), and the events about the node and the bench pods.
-async fn remove_node_objects(client: &kube::Client, node: &str) -> Result<()> {
+pub(crate) async fn remove_node_objects(client: &kube::Client, node: &str) -> Result<()> {
     let gone = DeleteParams::default();
     ignore_not_found(
         Api::<Node>::all(client.clone())
@@ -1055,11 +1093,15 @@ fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
     }
 }
 
-/// Removes the agent's root dir, the rest of its state in the run dir and its node kubeconfig;
-/// the log and the kubelet's configuration stay. What is mounted below the root dir is unmounted
-/// first (the upstream kubelet bind-mounts its root dir onto itself, shared, and leaves it), so
-/// the removal never reaches into a mount.
-fn remove_files(root_dir: &Path, run_dir: &Path, kubeconfig: &Path) -> Result<()> {
+/// Removes the agent's root dir, the rest of its state in the run dir and its node kubeconfig (if
+/// it has one); the log and the kubelet's configuration stay. What is mounted below the root dir
+/// is unmounted first (the upstream kubelet bind-mounts its root dir onto itself, shared, and
+/// leaves it), so the removal never reaches into a mount.
+pub(crate) fn remove_files(
+    root_dir: &Path,
+    run_dir: &Path,
+    kubeconfig: Option<&Path>,
+) -> Result<()> {
     benchkit::unmount_below(root_dir)?;
     let manifests = run_dir.join("manifests");
     for dir in [
@@ -1073,6 +1115,9 @@ fn remove_files(root_dir: &Path, run_dir: &Path, kubeconfig: &Path) -> Result<()
             fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
         }
     }
+    let Some(kubeconfig) = kubeconfig else {
+        return Ok(());
+    };
     match fs::remove_file(kubeconfig) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(e).with_context(|| format!("removing {}", kubeconfig.display()))
@@ -1082,7 +1127,7 @@ fn remove_files(root_dir: &Path, run_dir: &Path, kubeconfig: &Path) -> Result<()
 }
 
 /// Where the audit log was when a side started.
-struct AuditMark {
+pub(crate) struct AuditMark {
     since: jiff::Timestamp,
     offset: u64,
     inode: u64,
@@ -1122,7 +1167,7 @@ struct ResponseStatus {
 }
 
 /// One request of a node, from its audit event.
-struct Request {
+pub(crate) struct Request {
     id: String,
     /// `<verb> <resource>[/<subresource>]`, or `<verb> <path>` for a non-resource URL.
     kind: String,
@@ -1140,7 +1185,7 @@ fn audit_log() -> PathBuf {
 }
 
 impl AuditMark {
-    fn now() -> Result<Self, String> {
+    pub(crate) fn now() -> Result<Self, String> {
         use std::os::unix::fs::MetadataExt;
         let meta = fs::metadata(audit_log()).map_err(|e| {
             format!(
@@ -1157,7 +1202,7 @@ impl AuditMark {
 
     /// The requests of `user` since the mark. After a rotation the whole current and rotated
     /// files are read and filtered by time.
-    fn events(self, user: &str) -> Result<Vec<Request>, String> {
+    pub(crate) fn events(self, user: &str) -> Result<Vec<Request>, String> {
         self.read(user)
             .map_err(|e| format!("reading the audit log: {e:#}"))
     }
@@ -1279,7 +1324,7 @@ fn lease_renewals(requests: &[Request], node: &str) -> Option<Stats> {
 }
 
 /// Requests received in `window` (a watch counted once): per minute, and by kind.
-fn requests_in(
+pub(crate) fn requests_in(
     requests: &[Request],
     window: (jiff::Timestamp, jiff::Timestamp),
 ) -> (f64, BTreeMap<String, usize>) {

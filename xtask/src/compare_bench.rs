@@ -186,6 +186,7 @@ pub fn compare(args: &CompareArgs) -> Result<()> {
             |run_dir, root_dir, manifests, port| {
                 Agent::spawn(
                     Command::new(&binary)
+                        .args(ringlet_tests::LAB_AGENT_FLAGS)
                         .arg("--pod-manifest-path")
                         .arg(manifests)
                         .arg("--root-dir")

@@ -54,6 +54,7 @@ pub fn run() -> Result<()> {
         );
     }
     agent
+        .args(ringlet_tests::LAB_AGENT_FLAGS)
         .arg("--pod-manifest-path")
         .arg(&manifests)
         .arg("--root-dir")

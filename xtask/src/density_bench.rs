@@ -12,9 +12,6 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -27,6 +24,7 @@ use crate::benchkit::{
 };
 use ringlet_tests::metric_value;
 
+use crate::health_watch::{HEALTH_POLL, HealthFailure, HealthLog, HealthWatcher};
 use crate::{cmd, http, lab, workspace_root};
 
 const NAMESPACE: &str = "ringlet-bench-density";
@@ -43,7 +41,6 @@ const PID_MAX: u64 = 4_194_304;
 const PID_MAX_SYSCTL: &str = "/proc/sys/kernel/pid_max";
 /// `/pods` of a thousand pods is megabytes: reading it often would slow the starts it times.
 const RUNNING_POLL: Duration = Duration::from_millis(250);
-const HEALTH_POLL: Duration = Duration::from_secs(1);
 const HEALTHZ_START: Duration = Duration::from_secs(30);
 const POD_READS: usize = 5;
 /// `--max-pods` is the largest pod count, at least the kubelet's default.
@@ -86,14 +83,14 @@ pub struct DensityArgs {
 
 /// Median, p99 and count of a latency in milliseconds.
 #[derive(Serialize, Deserialize, Clone, Copy)]
-struct Quantiles {
-    median_ms: Option<f64>,
-    p99_ms: Option<f64>,
-    samples: usize,
+pub(crate) struct Quantiles {
+    pub(crate) median_ms: Option<f64>,
+    pub(crate) p99_ms: Option<f64>,
+    pub(crate) samples: usize,
 }
 
 impl Quantiles {
-    fn of_samples(mut samples_ms: Vec<f64>) -> Self {
+    pub(crate) fn of_samples(mut samples_ms: Vec<f64>) -> Self {
         samples_ms.sort_by(f64::total_cmp);
         Self {
             median_ms: finite(percentile(&samples_ms, 50.0)),
@@ -102,7 +99,7 @@ impl Quantiles {
         }
     }
 
-    fn of_histogram(delta: &Histogram) -> Self {
+    pub(crate) fn of_histogram(delta: &Histogram) -> Self {
         Self {
             median_ms: finite(delta.quantile(0.5) * 1000.0),
             p99_ms: finite(delta.quantile(0.99) * 1000.0),
@@ -110,7 +107,7 @@ impl Quantiles {
         }
     }
 
-    fn show(&self) -> String {
+    pub(crate) fn show(&self) -> String {
         let one = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}"));
         format!("{} / {}", one(self.median_ms), one(self.p99_ms))
     }
@@ -144,15 +141,6 @@ impl Point {
     fn containerd_cpu_caused_percent(&self) -> f64 {
         self.containerd_cpu_percent_with_agent - self.containerd_cpu_percent_agent_stopped
     }
-}
-
-/// A failed `/healthz/pleg` (answered, not 200) while the watcher was on.
-#[derive(Serialize, Deserialize)]
-struct HealthFailure {
-    mode: String,
-    /// What the bench was doing (e.g. `starting 1000 pods`).
-    phase: String,
-    status: u16,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -260,7 +248,7 @@ fn write_svg(root: &Path, report: &Report) -> Result<()> {
 /// Gives `pid` the node's file limit (soft and hard), as `LimitNOFILE` would. Without
 /// `CAP_SYS_RESOURCE` (some VMs withhold it even from root) the hard limit cannot grow: the soft one
 /// is raised to it. Returns the limit `pid` now has.
-fn raise_open_files(pid: u32) -> Result<u64> {
+pub(crate) fn raise_open_files(pid: u32) -> Result<u64> {
     let raised = Command::new("prlimit")
         .args(["--pid", &pid.to_string()])
         .arg(format!("--nofile={OPEN_FILES}:{OPEN_FILES}"))
@@ -284,7 +272,7 @@ fn raise_open_files(pid: u32) -> Result<u64> {
 
 /// Raises `kernel.pid_max` to [`PID_MAX`] when it is lower, as systemd does at boot (PID 1 here is
 /// not systemd); returns the value in force.
-fn raise_pid_max() -> Result<u64> {
+pub(crate) fn raise_pid_max() -> Result<u64> {
     let current: u64 = fs::read_to_string(PID_MAX_SYSCTL)
         .with_context(|| format!("reading {PID_MAX_SYSCTL}"))?
         .trim()
@@ -353,6 +341,7 @@ fn run_mode(
     };
     let mut agent = Agent::spawn(
         Command::new(binary)
+            .args(ringlet_tests::LAB_AGENT_FLAGS)
             .arg("--pod-manifest-path")
             .arg(&manifests)
             .arg("--root-dir")
@@ -377,7 +366,7 @@ fn run_mode(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let watcher = HealthWatcher::start(ports.healthz, mode);
+    let watcher = HealthWatcher::start(ports.healthz, "/healthz/pleg", mode.to_owned());
     let mut points = Vec::new();
     let mut result = Ok(());
     for &pods in &args.pods {
@@ -516,7 +505,7 @@ fn teardown_timeout(pods: usize) -> Duration {
     Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(pods).unwrap_or(u32::MAX)
 }
 
-fn read_metrics(port: u16) -> Result<String> {
+pub(crate) fn read_metrics(port: u16) -> Result<String> {
     let body = http::get(port, "/metrics").context("reading /metrics")?;
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
@@ -548,96 +537,6 @@ impl Stopped {
 impl Drop for Stopped {
     fn drop(&mut self) {
         ringlet_tests::daemon::signal(self.0, libc::SIGCONT);
-    }
-}
-
-/// What the health watcher saw.
-#[derive(Default)]
-struct HealthLog {
-    checks: u64,
-    unanswered: u64,
-    failures: Vec<HealthFailure>,
-}
-
-impl HealthLog {
-    fn add(&mut self, other: Self) {
-        self.checks += other.checks;
-        self.unanswered += other.unanswered;
-        self.failures.extend(other.failures);
-    }
-}
-
-/// A thread that reads `/healthz/pleg` every [`HEALTH_POLL`] and records each failure with the
-/// phase of the bench it happened in; paused while the agent is stopped on purpose.
-struct HealthWatcher {
-    stop: Arc<AtomicBool>,
-    paused: Arc<AtomicBool>,
-    phase: Arc<Mutex<String>>,
-    handle: JoinHandle<HealthLog>,
-}
-
-impl HealthWatcher {
-    fn start(port: u16, mode: &'static str) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let paused = Arc::new(AtomicBool::new(false));
-        let phase = Arc::new(Mutex::new("starting".to_owned()));
-        let handle = {
-            let (stop, paused, phase) = (stop.clone(), paused.clone(), phase.clone());
-            std::thread::spawn(move || {
-                let mut log = HealthLog::default();
-                while !stop.load(Ordering::Relaxed) {
-                    if !paused.load(Ordering::Relaxed) {
-                        log.checks += 1;
-                        match http::status(port, "/healthz/pleg") {
-                            Ok(200) => {}
-                            Ok(status) => {
-                                let phase = phase.lock().map(|p| p.clone()).unwrap_or_default();
-                                println!("/healthz/pleg answered {status} while {phase}");
-                                log.failures.push(HealthFailure {
-                                    mode: mode.to_owned(),
-                                    phase,
-                                    status,
-                                });
-                            }
-                            Err(_) => log.unanswered += 1,
-                        }
-                    }
-                    std::thread::sleep(HEALTH_POLL);
-                }
-                log
-            })
-        };
-        Self {
-            stop,
-            paused,
-            phase,
-            handle,
-        }
-    }
-
-    fn set_phase(&self, phase: String) {
-        if let Ok(mut current) = self.phase.lock() {
-            *current = phase;
-        }
-    }
-
-    /// Pauses the watcher until the guard is dropped.
-    fn pause(&self) -> Paused<'_> {
-        self.paused.store(true, Ordering::Relaxed);
-        Paused(&self.paused)
-    }
-
-    fn stop(self) -> HealthLog {
-        self.stop.store(true, Ordering::Relaxed);
-        self.handle.join().unwrap_or_default()
-    }
-}
-
-struct Paused<'a>(&'a AtomicBool);
-
-impl Drop for Paused<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Relaxed);
     }
 }
 
@@ -825,10 +724,10 @@ fn targets(report: &Report) -> String {
 }
 
 /// One panel's line: a mode's cost per pod at each pod count.
-struct Line {
-    mode: String,
-    color: &'static str,
-    points: Vec<(f64, f64)>,
+pub(crate) struct Line {
+    pub(crate) mode: String,
+    pub(crate) color: &'static str,
+    pub(crate) points: Vec<(f64, f64)>,
 }
 
 /// One panel's value of a point: a cost divided by the pods.
@@ -894,7 +793,7 @@ fn svg(report: &Report) -> String {
 }
 
 /// Draws one panel with linear axes from zero into `out`; `frame` is (x, y, width, height).
-fn panel(out: &mut String, frame: (f64, f64, f64, f64), title: &str, lines: &[Line]) {
+pub(crate) fn panel(out: &mut String, frame: (f64, f64, f64, f64), title: &str, lines: &[Line]) {
     const L: f64 = 70.0;
     const R: f64 = 20.0;
     const T: f64 = 30.0;

@@ -97,6 +97,25 @@ fn shows_change(body: &[u8], namespace: &str, name: &str, id: &str, restarts: u6
     })
 }
 
+/// How many pods of `namespace` in `body` (a `/pods` answer) run all their containers, and each
+/// of those pods' (name, first container id, restart count); empty for a bad answer.
+pub fn running_pods(body: &[u8], namespace: &str) -> Vec<(String, String, u64)> {
+    let Ok(list) = serde_json::from_slice::<PodList>(body) else {
+        return Vec::new();
+    };
+    list.items
+        .unwrap_or_default()
+        .iter()
+        .filter(|pod| {
+            pod.metadata.namespace.as_deref() == Some(namespace) && pod.all_containers_running()
+        })
+        .filter_map(|pod| {
+            let (id, restarts) = pod.first_container()?;
+            Some((pod.metadata.name.clone()?, id.to_owned(), restarts))
+        })
+        .collect()
+}
+
 /// One read of the agent's `/pods` on `port`: whether it shows the change [`shows_change`] names.
 /// A failed read shows nothing.
 pub fn pod_changed(port: u16, namespace: &str, name: &str, id: &str, restarts: u64) -> bool {
@@ -154,6 +173,17 @@ mod tests {
             "abc",
             0
         ));
+    }
+
+    #[test]
+    fn running_pods_lists_only_running_pods_of_the_namespace() {
+        assert_eq!(
+            running_pods(&body("running", "abc", 2), "ns"),
+            [("p".to_owned(), "abc".to_owned(), 2)]
+        );
+        assert!(running_pods(&body("terminated", "abc", 0), "ns").is_empty());
+        assert!(running_pods(&body("running", "abc", 0), "other").is_empty());
+        assert!(running_pods(b"<html>", "ns").is_empty());
     }
 
     #[test]

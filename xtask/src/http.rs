@@ -14,6 +14,12 @@ pub fn get(port: u16, path: &str) -> Result<Vec<u8>> {
     parse_response(&response).with_context(|| format!("GET {path} on port {port}"))
 }
 
+/// [`get`] waiting up to `timeout` for the answer (a dense node's `/stats/summary` takes seconds).
+pub fn get_within(port: u16, path: &str, timeout: Duration) -> Result<Vec<u8>> {
+    let response = request_within(port, path, timeout)?;
+    parse_response(&response).with_context(|| format!("GET {path} on port {port}"))
+}
+
 /// GETs `path` from `127.0.0.1:port` and returns the response's status code, whatever it is.
 pub fn status(port: u16, path: &str) -> Result<u16> {
     let response = request(port, path)?;
@@ -26,10 +32,14 @@ pub fn status(port: u16, path: &str) -> Result<u16> {
 }
 
 fn request(port: u16, path: &str) -> Result<Vec<u8>> {
+    request_within(port, path, TIMEOUT)
+}
+
+fn request_within(port: u16, path: &str, timeout: Duration) -> Result<Vec<u8>> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
-    stream.set_read_timeout(Some(TIMEOUT))?;
-    stream.set_write_timeout(Some(TIMEOUT))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nConnection: close\r\n\r\n"

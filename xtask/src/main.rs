@@ -15,6 +15,8 @@ mod density_bench;
 mod exit_chain;
 mod exit_poll;
 mod fuzz;
+mod health_watch;
+mod hollow_host;
 mod http;
 mod image;
 mod io_bench;
@@ -25,6 +27,8 @@ mod machine_cpu;
 mod oci;
 mod pleg_bench;
 mod probe_bench;
+mod scale_bench;
+mod scale_report;
 mod server_bench;
 mod test;
 
@@ -128,6 +132,9 @@ enum Bench {
     Compare(compare_bench::CompareArgs),
     /// 100 to 1,000 real pods on one node in both PLEG modes: start, idle cost, exit → status.
     Density(density_bench::DensityArgs),
+    /// 1,000 to 10,000 pods on ringlet-hollow (a scale harness, not a runtime), ringlet and the
+    /// kubelet, standalone and as a node: idle cost, relist, exit → status, API requests.
+    Scale(scale_bench::ScaleArgs),
 }
 
 fn main() -> Result<()> {
@@ -160,6 +167,7 @@ fn main() -> Result<()> {
             Bench::Probes(args) => probe_bench::probes(&args),
             Bench::Compare(args) => compare_bench::compare(&args),
             Bench::Density(args) => density_bench::density(&args),
+            Bench::Scale(args) => scale_bench::scale(&args),
         },
     }
 }

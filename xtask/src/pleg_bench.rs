@@ -180,6 +180,7 @@ fn run_mode(
     let port = free_port()?;
     let mut agent = Agent::spawn(
         Command::new(binary)
+            .args(ringlet_tests::LAB_AGENT_FLAGS)
             .arg("--pod-manifest-path")
             .arg(&manifests)
             .arg("--root-dir")

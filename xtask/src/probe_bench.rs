@@ -133,6 +133,7 @@ pub fn probes(args: &ProbesArgs) -> Result<()> {
         |run_dir, root_dir, manifests, port| {
             let mut command = Command::new(&binary);
             command
+                .args(ringlet_tests::LAB_AGENT_FLAGS)
                 .arg("--pod-manifest-path")
                 .arg(manifests)
                 .arg("--root-dir")

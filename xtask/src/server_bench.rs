@@ -242,6 +242,7 @@ pub(crate) fn spawn_api_agent(
     let api_port = free_port()?;
     let agent = Agent::spawn(
         Command::new(binary)
+            .args(ringlet_tests::LAB_AGENT_FLAGS)
             .arg("--pod-manifest-path")
             .arg(run_dir.join("manifests"))
             .arg("--root-dir")

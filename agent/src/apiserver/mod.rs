@@ -9,6 +9,7 @@
 //! described with the identity the agent presented, so a 401 or 403 in the log says who was refused.
 
 pub mod bootstrap;
+mod rotating;
 pub mod strategic_merge;
 mod watch_error;
 
@@ -21,6 +22,7 @@ use kube::client::ClientBuilder;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use tower::limit::RateLimitLayer;
 
+use self::rotating::{Build, Credentials, Rotating};
 use crate::error_chain::error_chain;
 
 /// How long a request may wait for its response (client-go's kubelet clients have no overall
@@ -102,6 +104,8 @@ pub struct ApiClient {
     watch_client: kube::Client,
     /// The configuration both were built from, for clients of their own (the heartbeat's).
     config: Arc<kube::Config>,
+    /// The client certificate, shared with the clients of their own, swapped on rotation.
+    credentials: Arc<Credentials>,
     identity: Arc<str>,
     server: Arc<str>,
 }
@@ -164,9 +168,18 @@ impl ApiClient {
 
     /// The client for `config` with the agent's timeouts, retries and rate limit.
     pub(crate) fn from_config(
+        config: kube::Config,
+        identity: String,
+        options: ApiClientOptions,
+    ) -> Result<Self, ApiServerError> {
+        Self::with_credentials(config, identity, options, Arc::default())
+    }
+
+    fn with_credentials(
         mut config: kube::Config,
         identity: String,
         options: ApiClientOptions,
+        credentials: Arc<Credentials>,
     ) -> Result<Self, ApiServerError> {
         config.connect_timeout = Some(CONNECT_TIMEOUT.min(options.request_timeout));
         config.read_timeout = Some(options.request_timeout);
@@ -175,10 +188,11 @@ impl ApiClient {
         // token review or a status update for minutes; every caller here has its own retry period.
         config.default_retry = false;
         let server = config.cluster_url.to_string();
-        let build = |config: kube::Config| {
+        let build_server = server.clone();
+        let build = move |config: kube::Config| {
             let builder =
                 ClientBuilder::try_from(config).map_err(|source| ApiServerError::Client {
-                    server: server.clone(),
+                    server: build_server.clone(),
                     source,
                 })?;
             Ok::<_, ApiServerError>(if options.qps == 0 {
@@ -193,14 +207,21 @@ impl ApiClient {
                     .build()
             })
         };
+        let build: Build = Arc::new(build);
+        let rotating = |config: kube::Config| {
+            let namespace = config.default_namespace.clone();
+            Rotating::new(config, Arc::clone(&credentials), Arc::clone(&build))
+                .map(|service| kube::Client::new(service, namespace))
+        };
         let mut watch_config = config.clone();
         watch_config.read_timeout = None;
-        let watch_client = build(watch_config)?;
-        let client = build(config.clone())?;
+        let watch_client = rotating(watch_config)?;
+        let client = rotating(config.clone())?;
         Ok(Self {
             client,
             watch_client,
             config: Arc::new(config),
+            credentials,
             identity: identity.into(),
             server: server.trim_end_matches('/').into(),
         })
@@ -215,7 +236,27 @@ impl ApiClient {
             qps: 0,
             burst: 0,
         };
-        Self::from_config((*self.config).clone(), self.identity.to_string(), options)
+        Self::with_credentials(
+            (*self.config).clone(),
+            self.identity.to_string(),
+            options,
+            Arc::clone(&self.credentials),
+        )
+    }
+
+    /// From now on, new connections of this client and of every client made from it present the
+    /// certificate and key in `pem` (certificate rotation); requests in flight finish on theirs.
+    pub fn use_client_certificate(&self, pem: &Path) {
+        self.credentials.use_client_pem(pem);
+    }
+
+    /// The client certificate (PEM) new connections present: the rotated one, else the
+    /// kubeconfig's; `None` for token or exec credentials.
+    pub fn client_certificate_pem(&self) -> Option<Vec<u8>> {
+        match self.credentials.client_pem() {
+            Some(path) => std::fs::read(path).ok(),
+            None => kubeconfig_certificate(&self.config.auth_info),
+        }
     }
 
     /// A client whose requests go to `client` as it is (tests: a fake API server).
@@ -225,6 +266,7 @@ impl ApiClient {
             watch_client: client.clone(),
             client,
             config: Arc::new(kube::Config::new(http::Uri::from_static("http://fake"))),
+            credentials: Arc::default(),
             identity: "the test's client".into(),
             server: "http://fake".into(),
         }
@@ -315,15 +357,20 @@ fn describe_identity(user: &AuthInfo, kubeconfig: Option<&Path>) -> String {
     format!("the anonymous user (no credentials{origin})")
 }
 
-/// `CN=<user>, O=<group>...` of the user's client certificate, as the API server reads it.
-fn certificate_subject(user: &AuthInfo) -> Option<String> {
-    let pem = match (&user.client_certificate_data, &user.client_certificate) {
+/// The user's client certificate (PEM), inline or from its file.
+fn kubeconfig_certificate(user: &AuthInfo) -> Option<Vec<u8>> {
+    match (&user.client_certificate_data, &user.client_certificate) {
         (Some(data), _) => base64::engine::general_purpose::STANDARD
             .decode(data.trim())
-            .ok()?,
-        (None, Some(path)) => std::fs::read(path).ok()?,
-        (None, None) => return None,
-    };
+            .ok(),
+        (None, Some(path)) => std::fs::read(path).ok(),
+        (None, None) => None,
+    }
+}
+
+/// `CN=<user>, O=<group>...` of the user's client certificate, as the API server reads it.
+fn certificate_subject(user: &AuthInfo) -> Option<String> {
+    let pem = kubeconfig_certificate(user)?;
     let (_, block) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
     let certificate = block.parse_x509().ok()?;
     let subject = certificate.subject();

@@ -10,8 +10,8 @@ mod streaming;
 pub use cache::PodCache;
 pub use ids::{ContainerId, PodUid, SandboxId};
 pub use runtime::{
-    ContainerState, ContainerStatus, ImageInfo, PodStatus, PodSyncResult, RunningContainer,
-    RunningPod, RunningSandbox, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
-    SandboxState, SandboxStatus, SyncAction, SyncFailure, SyncResult,
+    ContainerState, ContainerStatus, ImageInfo, PodResize, PodStatus, PodSyncResult,
+    RunningContainer, RunningPod, RunningSandbox, Runtime, RuntimeCondition, RuntimeError,
+    RuntimeStatus, SandboxState, SandboxStatus, SyncAction, SyncFailure, SyncResult,
 };
 pub use streaming::{CommandRunner, ExecOutput, ExecRequest, StreamOptions, StreamingRuntime};

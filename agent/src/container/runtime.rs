@@ -1,10 +1,10 @@
 //! The `Runtime` trait (the kubelet's `kubecontainer.Runtime`) and the runtime's view of pods and
 //! containers. Times are Unix nanoseconds as the CRI reports them; 0 means "not set".
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 
 use super::{ContainerId, PodUid, SandboxId};
 
@@ -215,6 +215,20 @@ pub enum SyncAction {
     InitContainer,
     StartContainer,
     KillContainer,
+    /// New cgroup settings applied to running containers (the kubelet's `ResizePodInPlace`).
+    ResizePodInPlace,
+}
+
+/// Where an in-place resize of a pod stands, as the runtime manager knows it (what the kubelet's
+/// allocation manager and status manager keep about a resize).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodResize {
+    /// The resources applied to each running container, as its spec wrote them when they were.
+    pub actuated: HashMap<ContainerId, ResourceRequirements>,
+    /// Why the spec's resources cannot be applied: the `PodResizePending` reason and message.
+    pub pending: Option<(String, String)>,
+    /// The error of the last attempt to apply them (`PodResizeInProgress` with reason `Error`).
+    pub error: Option<String>,
 }
 
 /// Why a step failed, in the kubelet's waiting-reason vocabulary (`CrashLoopBackOff`,
@@ -319,6 +333,13 @@ pub trait Runtime: Send + Sync + 'static {
     /// Moves the pod's sandbox and containers one step towards the spec (the kubelet's
     /// `kubeGenericRuntimeManager.SyncPod`).
     async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult;
+
+    /// Where an in-place resize of the pod stands; `None` when the runtime keeps no record of it
+    /// (the containers then count as running with the spec's resources).
+    fn pod_resize(&self, uid: &PodUid) -> Option<PodResize> {
+        let _ = uid;
+        None
+    }
 
     /// Stops every container and the sandbox of a pod, with the pod's grace period unless overridden.
     async fn kill_pod(

@@ -7,6 +7,7 @@
 //! own, so the API server never holds up the loop.
 
 mod active_deadline;
+mod eviction_host;
 mod housekeeping;
 mod node_ip;
 mod node_status;
@@ -25,6 +26,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::MissedTickBehavior;
 
 use crate::apiserver::ApiClient;
+use crate::eviction::{EvictionHandle, EvictionHost};
 use crate::lifecycle::{Rejection, SysctlAllowlist, admit};
 use crate::nodelease::NodeLease;
 use crate::objects::ApiObjects;
@@ -147,6 +149,8 @@ pub struct Kubelet {
     mirrors_changed: Arc<Notify>,
     probes: ProbeManager,
     probe_handle: ProbeHandle,
+    /// The eviction manager's state: pressure conditions, admission, evicted pods.
+    evictions: EvictionHandle,
 }
 
 impl Kubelet {
@@ -202,6 +206,7 @@ impl Kubelet {
         );
         let probe_handle = probe_manager.handle();
         let queue = Arc::new(WorkQueue::default());
+        let evictions = EvictionHandle::default();
         let syncer = Arc::new(KubeletSyncer {
             runtime: Arc::clone(&runtime),
             status: status.clone(),
@@ -216,6 +221,7 @@ impl Kubelet {
             latency: latency.clone(),
             probes: probe_handle.clone(),
             queue: Arc::clone(&queue),
+            evictions: evictions.clone(),
         });
         let workers = PodWorkers::new(
             Arc::clone(&syncer) as Arc<dyn crate::pod_workers::PodSyncer>,
@@ -241,6 +247,7 @@ impl Kubelet {
             pleg_handle.clone(),
             recorder.clone(),
             published_node,
+            evictions.clone(),
         );
         Self {
             settings,
@@ -266,7 +273,23 @@ impl Kubelet {
             mirrors_changed: Arc::new(Notify::new()),
             probes: probe_manager,
             probe_handle,
+            evictions,
         }
+    }
+
+    /// What the eviction manager works with: the state it shares with the core, and the core's
+    /// pods, workers and runtime.
+    pub fn eviction_parts(&self) -> (EvictionHandle, Arc<dyn EvictionHost>) {
+        let host = eviction_host::KubeletEvictionHost {
+            pods: self.pods.clone(),
+            workers: self.workers.clone(),
+            status: self.status.clone(),
+            cache: Arc::clone(&self.cache),
+            pod_cgroups: Arc::clone(&self.pod_cgroups),
+            runtime: Arc::clone(&self.runtime),
+            evictions: self.evictions.clone(),
+        };
+        (self.evictions.clone(), Arc::new(host))
     }
 
     /// What the HTTP servers need: the core's state plus what `api` adds for the kubelet API.
@@ -484,10 +507,14 @@ impl Kubelet {
         self.housekeeping.request_gc();
     }
 
-    /// The kubelet's admission (`canAdmitPod` with the sysctl and predicate handlers): the pod's
-    /// sysctls, then the predicate against the Node as last computed, counting the pods whose
-    /// workers are still active. Before the first Node is computed only the pod count is checked.
+    /// The kubelet's admission (`canAdmitPod` with the eviction, sysctl and predicate handlers):
+    /// node pressure, the pod's sysctls, then the predicate against the Node as last computed,
+    /// counting the pods whose workers are still active. Before the first Node is computed only
+    /// the pod count is checked.
     fn admission_failure(&self, pod: &Pod) -> Option<Rejection> {
+        if let Err(rejection) = self.evictions.admit(pod) {
+            return Some(rejection);
+        }
         if let Err(rejection) = self.settings.sysctls.admit(pod) {
             return Some(rejection);
         }

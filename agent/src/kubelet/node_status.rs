@@ -24,6 +24,7 @@ use crate::apis::config::NodeSettings;
 use crate::apiserver::{ApiClient, is_already_exists, is_not_found};
 use crate::container::Runtime;
 use crate::events::{EventObject, EventType, Recorder};
+use crate::eviction::{EvictionHandle, PressureCondition};
 use crate::nodestatus::{
     self, MachineInfo, NodeFacts, NodeHealth, StatusUpdate, initial_node, node_status_patch,
     reconcile_existing, status_changed,
@@ -77,10 +78,14 @@ pub struct NodeStatusManager {
     pleg: PlegHandle,
     recorder: Recorder,
     published: watch::Sender<Option<Node>>,
+    /// The pressure conditions; a change is reported at once rather than at the next round.
+    evictions: EvictionHandle,
 }
 
 impl NodeStatusManager {
     /// The manager; it publishes the current Node on `published`.
+    // One handle per part of the agent the status reports on.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: NodeStatusSettings,
         client: Option<ApiClient>,
@@ -89,6 +94,7 @@ impl NodeStatusManager {
         pleg: PlegHandle,
         recorder: Recorder,
         published: watch::Sender<Option<Node>>,
+        evictions: EvictionHandle,
     ) -> Self {
         Self {
             settings,
@@ -98,6 +104,7 @@ impl NodeStatusManager {
             pleg,
             recorder,
             published,
+            evictions,
         }
     }
 
@@ -129,13 +136,17 @@ impl NodeStatusManager {
         };
         self.published.send_replace(Some(node.clone()));
         let mut last_report = Instant::now();
+        let mut pressure = self.evictions.subscribe();
         loop {
             let period = if is_ready(&node) {
                 self.settings.node.node_status_update_frequency
             } else {
                 FAST_UPDATE_PERIOD
             };
-            tokio::time::sleep(period).await;
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                Ok(()) = pressure.changed() => {}
+            }
             let mut updated = node.clone();
             round.set_status(&mut updated).await;
             let Some(client) = &self.client else {
@@ -362,6 +373,7 @@ impl Round<'_> {
         let storage = tokio::task::spawn_blocking(move || {
             crate::stats::fs_usage(&root_dir).map(|usage| usage.capacity)
         });
+        let pressure = manager.evictions.conditions();
         let version = manager.runtime.version().await;
         let images = manager.runtime.list_images().await;
         let node_ips = match resolve.await {
@@ -383,7 +395,9 @@ impl Round<'_> {
                 pleg_error: manager.pleg.healthy().err(),
                 runtime_error: manager.runtime_state.runtime_error(),
                 network_error: manager.runtime_state.network_error(),
-                ..NodeHealth::default()
+                memory_pressure: pressure.contains(&PressureCondition::Memory),
+                disk_pressure: pressure.contains(&PressureCondition::Disk),
+                pid_pressure: pressure.contains(&PressureCondition::Pid),
             },
         }
     }

@@ -15,6 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::cm::{CmError, PodContainerManager, qos_class};
 use crate::container::{PodStatus, PodUid, Runtime};
 use crate::events::{EventObject, EventType, Recorder};
+use crate::eviction::EvictionHandle;
 use crate::metrics::Metrics;
 use crate::objects::ApiObjects;
 use crate::pleg::LatencyTracker;
@@ -51,6 +52,8 @@ pub struct KubeletSyncer {
     pub probes: ProbeHandle,
     /// Where a pod is queued for a sync at its active deadline.
     pub queue: Arc<WorkQueue>,
+    /// An evicted pod's status stays Failed with the eviction's reason and message.
+    pub evictions: EvictionHandle,
 }
 
 fn pod_object(pod: &Pod) -> String {
@@ -143,6 +146,7 @@ impl KubeletSyncer {
         let uid = uid_of(pod);
         let previous = self.status.get_pod_status(&uid);
         let runtime_name = self.runtime_state.runtime_name();
+        let resize = self.runtime.pod_resize(&uid);
         let mut api_status = generate_api_pod_status(
             pod,
             runtime_status,
@@ -153,6 +157,7 @@ impl KubeletSyncer {
                 pod_is_terminal: stage != StatusStage::Syncing,
                 probes: &self.probes,
                 runtime_name: runtime_name.as_deref(),
+                resize: resize.as_ref(),
             },
         );
         if stage == StatusStage::Final {
@@ -175,6 +180,7 @@ impl KubeletSyncer {
             // Nothing else may happen to the pod by then.
             self.queue.enqueue(uid.clone(), left);
         }
+        self.evictions.apply_eviction(&uid, &mut api_status);
         let phase = api_status.phase.clone();
         if self.status.set_pod_status(pod, api_status) {
             status_stored(
@@ -264,7 +270,13 @@ impl PodSyncer for KubeletSyncer {
             self.probes.add_pod(pod);
         }
         self.mount_volumes(pod).await?;
+        let resize_before = self.runtime.pod_resize(&uid_of(pod));
         let result = self.runtime.sync_pod(pod, status).await;
+        // A resize applied (or found pending) by this sync shows in the status now: nothing else
+        // would bring a new sync, as cgroup changes make no runtime events.
+        if self.runtime.pod_resize(&uid_of(pod)) != resize_before {
+            self.update_status(pod, status, StatusStage::Syncing);
+        }
         self.reasons.update(&uid_of(pod), &result);
         match result.first_failure() {
             None => Ok(SyncOutcome {

@@ -105,6 +105,23 @@ pub struct PodActions {
     pub ephemeral_containers_to_start: Vec<usize>,
 }
 
+impl PodActions {
+    /// Adds the restarts an in-place resize needs (`resizePolicy: RestartContainer`): each
+    /// container is killed, then started again with its new resources.
+    pub fn restart_for_resize(&mut self, restarts: &[(usize, ContainerToKill)]) {
+        for (index, kill) in restarts {
+            if self.containers_to_kill.iter().any(|k| k.id == kill.id) {
+                continue;
+            }
+            self.containers_to_kill.push(kill.clone());
+            if !self.containers_to_start.contains(index) {
+                self.containers_to_start.push(*index);
+            }
+        }
+        self.containers_to_start.sort_unstable();
+    }
+}
+
 fn init_containers(pod: &Pod) -> &[Container] {
     pod.spec
         .as_ref()

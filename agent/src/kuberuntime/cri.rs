@@ -3,6 +3,7 @@
 //! every call, and errors that name the call and say whether the runtime was down, slow, missing the
 //! object, or does not implement the call.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -363,6 +364,27 @@ impl CriClient {
         })
     }
 
+    /// Applies new cgroup settings to a running container (an in-place resize).
+    pub async fn update_container_resources(
+        &self,
+        id: &str,
+        linux: cri::LinuxContainerResources,
+    ) -> Result<(), CriError> {
+        let request = cri::UpdateContainerResourcesRequest {
+            container_id: id.to_owned(),
+            linux: Some(linux),
+            annotations: std::collections::HashMap::new(),
+        };
+        call!(
+            self,
+            runtime,
+            update_container_resources,
+            "UpdateContainerResources",
+            request
+        )
+        .map(drop)
+    }
+
     /// Asks the runtime to write the container's output to a new file at its log path, after log
     /// rotation renamed the old one away.
     pub async fn reopen_container_log(&self, id: &str) -> Result<(), CriError> {
@@ -492,6 +514,25 @@ impl CriClient {
             image: Some(image_spec(image)),
         };
         call!(self, images, remove_image, "RemoveImage", request).map(drop)
+    }
+
+    /// What the filesystems holding images use, as the runtime reports it.
+    pub async fn image_fs_info(&self) -> Result<cri::ImageFsInfoResponse, CriError> {
+        call!(
+            self,
+            images,
+            image_fs_info,
+            "ImageFsInfo",
+            cri::ImageFsInfoRequest {}
+        )
+    }
+
+    /// The runtime's verbose `Status` information (containerd: its configuration as JSON under
+    /// `config`, which names the sandbox image).
+    pub async fn status_info(&self) -> Result<HashMap<String, String>, CriError> {
+        let request = cri::StatusRequest { verbose: true };
+        let response = call!(self, runtime, status, "Status", request)?;
+        Ok(response.info)
     }
 }
 

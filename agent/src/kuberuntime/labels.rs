@@ -154,10 +154,15 @@ pub fn pre_stop_handler<S: BuildHasher>(
 
 /// A stable hash of the container spec. Equal specs hash equally across agent restarts (the JSON
 /// serialisation of k8s-openapi types is deterministic: struct fields in declaration order, maps
-/// sorted), so a restarted agent adopts unchanged containers and replaces changed ones.
+/// sorted), so a restarted agent adopts unchanged containers and replaces changed ones. Resources
+/// are left out: they change in place (an in-place resize), without a new container.
 pub fn container_hash(container: &Container) -> String {
+    let hashed = Container {
+        resources: None,
+        ..container.clone()
+    };
     // Serialising a plain data struct cannot fail; an empty input would still hash consistently.
-    let json = serde_json::to_vec(container).unwrap_or_default();
+    let json = serde_json::to_vec(&hashed).unwrap_or_default();
     let digest = Sha256::digest(&json);
     let mut hex = String::with_capacity(HASH_LEN);
     for byte in digest.iter().take(HASH_LEN / 2) {
@@ -239,6 +244,25 @@ mod tests {
         assert_eq!(a.len(), HASH_LEN);
         assert_eq!(a, container_hash(&container("busybox")));
         assert_ne!(a, container_hash(&container("busybox:1.35")));
+    }
+
+    #[test]
+    fn a_resize_keeps_the_hash() {
+        let mut resized = container("busybox");
+        resized.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(
+                [(
+                    "cpu".to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("200m".to_owned()),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        });
+        assert_eq!(
+            container_hash(&container("busybox")),
+            container_hash(&resized)
+        );
     }
 
     #[test]

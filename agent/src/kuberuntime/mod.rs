@@ -15,6 +15,7 @@ mod image_pull;
 pub mod images;
 pub mod labels;
 pub mod logs;
+mod resize;
 mod resource_field;
 pub mod sandbox;
 #[cfg(test)]
@@ -38,7 +39,7 @@ pub use cri::{CriClient, CriError};
 pub(crate) use resource_field::resource_field_value;
 
 use crate::container::{
-    ContainerId, ImageInfo, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
+    ContainerId, ImageInfo, PodResize, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
     RuntimeCondition, RuntimeError, RuntimeStatus, SandboxId,
 };
 use crate::events::{EventObject, EventType, Recorder};
@@ -149,6 +150,8 @@ pub struct KubeGenericRuntimeManager {
     image_backoff: BackOff,
     /// The last failed pull per `<pod uid>/<image>`, quoted while the pull backs off.
     pull_errors: PullErrors,
+    /// The resources applied to each pod's running containers, and where a resize stands.
+    resizes: resize::Resizes,
 }
 
 impl KubeGenericRuntimeManager {
@@ -169,6 +172,7 @@ impl KubeGenericRuntimeManager {
             crash_backoff: backoff(),
             image_backoff: backoff(),
             pull_errors: PullErrors::default(),
+            resizes: resize::Resizes::default(),
             cri,
             helper,
             recorder,
@@ -187,6 +191,7 @@ impl KubeGenericRuntimeManager {
         self.crash_backoff.forget_prefix(&prefix);
         self.image_backoff.forget_prefix(&prefix);
         self.pull_errors.forget_prefix(&prefix);
+        self.resizes.forget(uid);
     }
 
     fn event(&self, object: EventObject, event_type: EventType, reason: &str, message: String) {
@@ -257,6 +262,10 @@ impl Runtime for KubeGenericRuntimeManager {
 
     async fn sync_pod(&self, pod: &Pod, status: &PodStatus) -> PodSyncResult {
         Box::pin(self.sync(pod, status)).await
+    }
+
+    fn pod_resize(&self, uid: &PodUid) -> Option<PodResize> {
+        self.resizes.get(uid)
     }
 
     async fn kill_pod(

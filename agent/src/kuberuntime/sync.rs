@@ -47,7 +47,11 @@ pub(super) fn failure(reason: &str, message: impl Into<String>) -> SyncFailure {
     }
 }
 
-fn step(action: SyncAction, target: impl Into<String>, failure: Option<SyncFailure>) -> SyncResult {
+pub(super) fn step(
+    action: SyncAction,
+    target: impl Into<String>,
+    failure: Option<SyncFailure>,
+) -> SyncResult {
     SyncResult {
         action,
         target: target.into(),
@@ -81,7 +85,7 @@ fn instant_of(unix_nanos: i64) -> Instant {
     now.checked_sub(age).unwrap_or(now)
 }
 
-fn pod_name(pod: &Pod) -> &str {
+pub(super) fn pod_name(pod: &Pod) -> &str {
     pod.metadata.name.as_deref().unwrap_or_default()
 }
 
@@ -218,8 +222,17 @@ impl KubeGenericRuntimeManager {
             ));
             return result;
         }
-        let actions = compute_pod_actions(pod, status, &HelperVerdicts(self.helper.as_ref()));
-        tracing::debug!(pod = pod_name(pod), ?actions, "computed pod actions");
+        let mut actions = compute_pod_actions(pod, status, &HelperVerdicts(self.helper.as_ref()));
+        let resize = self.resize_plan(pod, status).await;
+        if !actions.kill_pod {
+            actions.restart_for_resize(&resize.restarts);
+        }
+        tracing::debug!(
+            pod = pod_name(pod),
+            ?actions,
+            ?resize,
+            "computed pod actions"
+        );
 
         if actions.kill_pod {
             if actions.create_sandbox && !status.sandboxes.is_empty() {
@@ -279,6 +292,8 @@ impl KubeGenericRuntimeManager {
                     return result;
                 }
             }
+            self.resize_containers(pod, status, &resize, &mut result)
+                .await;
         }
 
         if actions.init_containers_to_start.is_empty()
@@ -584,6 +599,11 @@ impl KubeGenericRuntimeManager {
                 return Some(failure("CreateContainerError", message));
             }
         };
+        self.resizes.record(
+            &pod_uid(pod),
+            ContainerId::from(id.clone()),
+            container.resources.clone().unwrap_or_default(),
+        );
         self.event(
             object(),
             EventType::Normal,
@@ -699,10 +719,32 @@ impl KubeGenericRuntimeManager {
             .await
             .map_err(|e| format!("creating log directory {}: {e}", log_dir.display()))?;
 
+        // The environment comes first, as the kubelet's: a subPathExpr is expanded with it.
+        let sources = self.helper.env_sources(ctx.pod, container).await?;
+        let host_ip = self.helper.host_ip();
+        let node_allocatable = self.helper.node_allocatable();
+        let env = EnvContext {
+            pod: ctx.pod,
+            pod_ips: ctx.pod_ips,
+            host_ip: host_ip.as_deref(),
+            node_name: self.helper.node_name(),
+            node_allocatable: &node_allocatable,
+            sources: &sources,
+        };
+        let environment = make_env(container, &env).map_err(|e| e.to_string())?;
+        for skipped in &environment.skipped {
+            self.event(
+                EventObject::pod(ctx.pod),
+                EventType::Warning,
+                "InvalidEnvironmentVariableNames",
+                skipped.message(),
+            );
+        }
+
         // subPaths are resolved (and created) on the host: blocking file work.
         let volumes = ctx.volumes.clone();
-        let mounted = container.clone();
-        let mut mounts = tokio::task::spawn_blocking(move || volumes.mounts_for(&mounted))
+        let (mounted, vars) = (container.clone(), environment.vars.clone());
+        let mut mounts = tokio::task::spawn_blocking(move || volumes.mounts_for(&mounted, &vars))
             .await
             .map_err(|e| format!("resolving the volume mounts: {e}"))?
             .map_err(|e| e.to_string())?;
@@ -748,26 +790,6 @@ impl KubeGenericRuntimeManager {
             });
         }
 
-        let sources = self.helper.env_sources(ctx.pod, container).await?;
-        let host_ip = self.helper.host_ip();
-        let node_allocatable = self.helper.node_allocatable();
-        let env = EnvContext {
-            pod: ctx.pod,
-            pod_ips: ctx.pod_ips,
-            host_ip: host_ip.as_deref(),
-            node_name: self.helper.node_name(),
-            node_allocatable: &node_allocatable,
-            sources: &sources,
-        };
-        let environment = make_env(container, &env).map_err(|e| e.to_string())?;
-        for skipped in &environment.skipped {
-            self.event(
-                EventObject::pod(ctx.pod),
-                EventType::Warning,
-                "InvalidEnvironmentVariableNames",
-                skipped.message(),
-            );
-        }
         container_config(
             ctx.pod,
             container,

@@ -32,6 +32,7 @@ use crate::stats::StatsError;
 pub use addresses::{NodeIpRejection, resolve_node_ips};
 pub use machine::{MachineInfo, read_machine_info};
 pub use patch::{STRATEGIC_MERGE_PATCH_CONTENT_TYPE, node_status_patch, status_changed};
+pub(crate) use quantity::{QuantityFormat, format_quantity};
 pub use register::{initial_node, reconcile_existing};
 
 /// Everything a status round needs besides the Node itself, gathered by the caller.

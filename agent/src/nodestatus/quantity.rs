@@ -4,14 +4,14 @@
 
 /// How a quantity is written: powers of 1000 (`k`, `M`, `m`) or of 1024 (`Ki`, `Mi`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum QuantityFormat {
+pub(crate) enum QuantityFormat {
     DecimalSi,
     BinarySi,
 }
 
 impl QuantityFormat {
     /// The format apimachinery infers when it parses `text`: a binary suffix means `BinarySI`.
-    pub(super) fn of(text: &str) -> Self {
+    pub(crate) fn of(text: &str) -> Self {
         if text.ends_with('i') {
             Self::BinarySi
         } else {
@@ -28,7 +28,7 @@ const BINARY_SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
 /// Writes `nanos` billionths of the base unit in canonical form: no precision lost, no fraction
 /// digits, the largest suffix that allows both. A binary quantity below 1024 or with a fraction is
 /// written in decimal, as apimachinery does.
-pub(super) fn format_quantity(nanos: i128, format: QuantityFormat) -> String {
+pub(crate) fn format_quantity(nanos: i128, format: QuantityFormat) -> String {
     if nanos == 0 {
         return "0".to_owned();
     }

@@ -15,10 +15,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::reason_cache::ReasonCache;
+use super::resize::{container_resources, resize_conditions};
 use super::{api_container_id, is_kubelet_condition, parse_api_container_id};
 use crate::cm::qos_class;
 use crate::container::{
-    ContainerId, ContainerState, ContainerStatus, PodStatus, PodUid, SandboxState,
+    ContainerId, ContainerState, ContainerStatus, PodResize, PodStatus, PodUid, SandboxState,
 };
 use crate::kuberuntime::container::ephemeral_container_spec;
 
@@ -71,6 +72,8 @@ pub struct StatusInputs<'a> {
     /// The runtime's name as its `Version` call reported it, the scheme of the container ids;
     /// `None` until it answered, and the container statuses have no id meanwhile.
     pub runtime_name: Option<&'a str>,
+    /// Where an in-place resize stands, as the runtime manager keeps it; `None` without a record.
+    pub resize: Option<&'a PodResize>,
 }
 
 /// The API status of `pod` given what the runtime reports for it.
@@ -106,6 +109,7 @@ fn generate_at(
         pod_is_terminal,
         probes,
         runtime_name,
+        resize,
     } = *inputs;
     let empty = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&empty);
@@ -120,6 +124,7 @@ fn generate_at(
         deleting,
         probes,
         runtime_name,
+        resize,
     };
     let init_statuses: Vec<ApiContainerStatus> = init_specs
         .iter()
@@ -158,6 +163,7 @@ fn generate_at(
             ..PodCondition::default()
         },
     ];
+    conditions.extend(resize_conditions(spec, runtime, resize));
     for condition in &mut conditions {
         condition.observed_generation = generation;
         let old = previous
@@ -363,6 +369,7 @@ struct StatusContext<'a> {
     deleting: bool,
     probes: &'a dyn ProbeView,
     runtime_name: Option<&'a str>,
+    resize: Option<&'a PodResize>,
 }
 
 impl StatusContext<'_> {
@@ -450,6 +457,15 @@ impl StatusContext<'_> {
             return status;
         }
         let running = status.state.as_ref().is_some_and(|s| s.running.is_some());
+        let resources = container_resources(
+            container,
+            newest.filter(|_| running).map(|c| &c.id),
+            self.resize,
+        );
+        // What the node admitted for the container (the kubelet's allocated resources): the
+        // requests of what is applied, the spec's once a resize went through.
+        status.allocated_resources = resources.requests.clone().filter(|r| !r.is_empty());
+        status.resources = Some(resources);
         let regular_init = kind == ContainerKind::Init && !is_sidecar(container);
         // A running container has started once its startup probe (if any) succeeded, and is
         // ready once started and its readiness probe (if any) succeeded; a regular init container
@@ -940,6 +956,7 @@ mod tests {
             pod_is_terminal: false,
             probes: &NoProbes,
             runtime_name: Some("containerd"),
+            resize: None,
         }
     }
 
@@ -1646,6 +1663,7 @@ mod tests {
             &rt,
             &StatusInputs {
                 runtime_name: Some("cri-o"),
+                resize: None,
                 ..inputs(&reasons, None)
             },
             at(1_000),
@@ -1665,6 +1683,7 @@ mod tests {
 
         let unnamed = StatusInputs {
             runtime_name: None,
+            resize: None,
             ..inputs(&reasons, None)
         };
         let status = generate_at(&p, &rt, &unnamed, at(1_000));

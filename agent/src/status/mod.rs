@@ -8,6 +8,7 @@
 mod generate;
 mod manager;
 mod reason_cache;
+mod resize;
 mod syncer;
 mod terminate;
 
@@ -37,6 +38,12 @@ const KUBELET_CONDITIONS: &[&str] = &[
 
 fn is_kubelet_condition(condition_type: &str) -> bool {
     KUBELET_CONDITIONS.contains(&condition_type)
+}
+
+/// The conditions the kubelet sets but does not own (`kubetypes.PodConditionSharedByKubelet`): an
+/// eviction's `DisruptionTarget`, which the control plane sets too.
+fn is_shared_condition(condition_type: &str) -> bool {
+    condition_type == "DisruptionTarget"
 }
 
 /// A container as the API names it, `<runtime>://<id>` (the kubelet's `kubecontainer.ContainerID`,

@@ -19,7 +19,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Map, Value, json};
 use tokio::time::MissedTickBehavior;
 
-use super::{StatusManager, is_kubelet_condition};
+use super::{StatusManager, is_kubelet_condition, is_shared_condition};
 use crate::apiserver::strategic_merge::{diff_maps, normalize};
 use crate::apiserver::{ApiClient, is_conflict, is_not_found};
 use crate::container::PodUid;
@@ -241,8 +241,9 @@ fn is_terminal(phase: &str) -> bool {
 }
 
 /// The status to send (the kubelet's `mergePodStatus`): the kubelet's conditions from `ours`, every
-/// other condition as the API server has it; a terminal phase on the API server is never undone;
-/// a terminal pod is never Ready.
+/// other condition as the API server has it, except that ours of a condition it shares (an
+/// eviction's `DisruptionTarget`) replaces theirs when our phase is terminal; a terminal phase on
+/// the API server is never undone; a terminal pod is never Ready.
 fn merge_pod_status(api: Option<&ApiPodStatus>, ours: &ApiPodStatus) -> ApiPodStatus {
     let mut merged = ours.clone();
     let owned = |c: &&k8s_openapi::api::core::v1::PodCondition| is_kubelet_condition(&c.type_);
@@ -261,6 +262,19 @@ fn merge_pod_status(api: Option<&ApiPodStatus>, ours: &ApiPodStatus) -> ApiPodSt
             .filter(owned)
             .cloned(),
     );
+    // A condition the kubelet shares with others replaces theirs once the pod is terminal.
+    if ours.phase.as_deref().is_some_and(is_terminal) {
+        for shared in ours
+            .conditions
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| is_shared_condition(&c.type_))
+        {
+            conditions.retain(|c| c.type_ != shared.type_);
+            conditions.push(shared.clone());
+        }
+    }
     merged.conditions = Some(conditions);
     if let Some(api_phase) = api.and_then(|s| s.phase.as_deref())
         && is_terminal(api_phase)
@@ -576,6 +590,19 @@ mod tests {
             .collect();
         assert_eq!(types, ["example.com/gate", "PodScheduled", "Ready"]);
         assert_eq!(merged.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn a_shared_condition_is_sent_with_a_terminal_phase_only() {
+        let api = status("Running", &[condition("DisruptionTarget", "False")], &[]);
+        let evicted = status("Failed", &[condition("DisruptionTarget", "True")], &[]);
+        let merged = merge_pod_status(Some(&api), &evicted);
+        let conditions = merged.conditions.unwrap();
+        assert_eq!(conditions.len(), 1, "{conditions:?}");
+        assert_eq!(conditions[0].status, "True");
+        let running = status("Running", &[condition("DisruptionTarget", "True")], &[]);
+        let merged = merge_pod_status(Some(&api), &running);
+        assert_eq!(merged.conditions.unwrap()[0].status, "False");
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! directories no pod owns any more (a pod deleted while the agent was down) are removed by
 //! housekeeping. Removal never crosses into another mount ([`removeall`]). File work runs on the
 //! blocking pool, never on the agent's core thread. [`PodVolumes`] turns a container's
-//! `volumeMounts` into CRI mounts, a `subPath` through a bind mount a container cannot redirect
-//! ([`subpath`]); API-backed volumes are always mounted read-only, as the kubelet mounts them.
+//! `volumeMounts` into CRI mounts, a `subPath` (or a `subPathExpr` expanded with the container's
+//! environment) through a bind mount a container cannot redirect ([`subpath`]); API-backed volumes
+//! are always mounted read-only, as the kubelet mounts them.
 
 mod atomic_writer;
 mod mounter;
@@ -47,7 +48,7 @@ use k8s_openapi::api::core::v1::{
     Node, Pod, ProjectedVolumeSource, Secret, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use ringlet_proto::runtime::v1::{Mount, MountPropagation};
+use ringlet_proto::runtime::v1::{KeyValue, Mount, MountPropagation};
 use tokio::sync::watch;
 
 pub use atomic_writer::{AtomicWriteError, DATA_DIR};
@@ -150,10 +151,9 @@ pub enum VolumeError {
     Task(String),
     #[error("container {container:?} mounts volume {volume:?}, which the pod does not define")]
     UnknownVolume { container: String, volume: String },
-    #[error(
-        "container {container:?} mounts volume {volume:?} with subPathExpr, which is not supported"
-    )]
-    SubPathExprUnsupported { container: String, volume: String },
+    /// A subPath the kubelet refuses before touching the volume, in its words.
+    #[error(transparent)]
+    SubPathRefused(SubPathError),
     #[error("container {container:?} mounts volume {volume:?} with subPath {sub_path:?}: {why}")]
     InvalidSubPath {
         container: String,
@@ -355,10 +355,19 @@ impl PodVolumes {
         }
     }
 
-    /// The CRI mounts for a container's `volumeMounts`. A `subPath` is resolved in its volume
-    /// (its missing directories created) and bind-mounted under the pod's directory, so this
-    /// belongs on the blocking pool.
-    pub fn mounts_for(&self, container: &Container) -> Result<Vec<Mount>, VolumeError> {
+    /// The CRI mounts for a container's `volumeMounts`, `env` its environment (for `subPathExpr`,
+    /// as the kubelet's `makeMounts`). A `subPath` is resolved in its volume (its missing
+    /// directories created) and bind-mounted under the pod's directory, so this belongs on the
+    /// blocking pool.
+    pub fn mounts_for(
+        &self,
+        container: &Container,
+        env: &[KeyValue],
+    ) -> Result<Vec<Mount>, VolumeError> {
+        let vars: HashMap<&str, &str> = env
+            .iter()
+            .map(|var| (var.key.as_str(), var.value.as_str()))
+            .collect();
         container
             .volume_mounts
             .iter()
@@ -370,15 +379,14 @@ impl PodVolumes {
                     let (container, volume) = err_ctx();
                     return Err(VolumeError::UnknownVolume { container, volume });
                 };
-                if mount
-                    .sub_path_expr
-                    .as_deref()
-                    .is_some_and(|p| !p.is_empty())
-                {
-                    let (container, volume) = err_ctx();
-                    return Err(VolumeError::SubPathExprUnsupported { container, volume });
-                }
-                let host_path = match mount.sub_path.as_deref().filter(|p| !p.is_empty()) {
+                let sub_path = match mount.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
+                    Some(expr) => Some(
+                        subpath::expand_expr(expr, |name| vars.get(name).copied())
+                            .map_err(VolumeError::SubPathRefused)?,
+                    ),
+                    None => mount.sub_path.clone(),
+                };
+                let host_path = match sub_path.as_deref().filter(|p| !p.is_empty()) {
                     Some(sub_path) => {
                         self.sub_path(container, index, mount, &volume.path, sub_path)?
                     }
@@ -441,6 +449,9 @@ impl PodVolumes {
         subpath::prepare(self.mounter.as_ref(), volume_path, sub_path, &target).map_err(|err| {
             if let SubPathError::Invalid(why) = err {
                 return invalid(why);
+            }
+            if err.is_refusal() {
+                return VolumeError::SubPathRefused(err);
             }
             tracing::warn!(container = %container.name, volume = %mount.name, sub_path,
                 error = %crate::error_chain::error_chain(&err), "cannot mount a subPath");

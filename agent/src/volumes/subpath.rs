@@ -13,7 +13,13 @@
 //!   (`/proc/self/fd/<n>`) at `<pod dir>/volume-subpaths/<volume>/<container>/<index>`, which a
 //!   container cannot swap. It stays for the container's restarts and is unmounted and removed
 //!   with the pod's volumes ([`clean`]), never by a recursive removal.
+//!
+//! A `subPathExpr` is first expanded with the container's environment ([`expand_expr`], the
+//! kubelet's `ExpandContainerVolumeMounts`); an absolute result or one with `..` is refused in the
+//! kubelet's words, as a plain `subPath` is.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::fs;
 use std::io;
@@ -37,9 +43,16 @@ const MAX_UNMOUNTS: usize = 8;
 /// Why a subPath could not be mounted or cleaned up.
 #[derive(Debug, thiserror::Error)]
 pub enum SubPathError {
-    /// The subPath is not acceptable: absolute, with `..`, or leading out of the volume.
+    /// The subPath names nothing in the volume, or leads out of it through a link.
     #[error("{0}")]
     Invalid(&'static str),
+    /// A `subPathExpr` refers to variables the container does not have or has empty (sorted).
+    #[error("missing value for {}", .0.join(", "))]
+    MissingValues(Vec<String>),
+    #[error("error SubPath `{0}` must not be an absolute path")]
+    Absolute(String),
+    #[error("unable to provision SubPath `{0}`: must not contain '..'")]
+    Backsteps(String),
     #[error("creating {path}")]
     Create {
         path: PathBuf,
@@ -68,6 +81,37 @@ impl SubPathError {
     pub fn is_create(&self) -> bool {
         matches!(self, Self::Create { .. })
     }
+
+    /// Whether the kubelet refuses this subPath with these words, before it touches the volume.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::MissingValues(_) | Self::Absolute(_) | Self::Backsteps(_)
+        )
+    }
+}
+
+/// Expands a `subPathExpr` with the container's environment, `env` looking a variable up
+/// (`$(NAME)`, `$$` for a `$`, as in `command`), except that a variable the environment lacks or
+/// has empty is an error naming them all: a path with a part left out would be another directory.
+pub fn expand_expr<'v>(
+    expr: &str,
+    env: impl Fn(&str) -> Option<&'v str>,
+) -> Result<String, SubPathError> {
+    let missing = RefCell::new(BTreeSet::new());
+    let expanded = crate::kuberuntime::container::expand(expr, |name| {
+        let value = env(name).filter(|v| !v.is_empty());
+        if value.is_none() {
+            missing.borrow_mut().insert(name.to_owned());
+        }
+        Some(value.unwrap_or_default())
+    });
+    let missing = missing.into_inner();
+    if missing.is_empty() {
+        Ok(expanded)
+    } else {
+        Err(SubPathError::MissingValues(missing.into_iter().collect()))
+    }
 }
 
 fn prepare_error(action: &'static str, path: &Path) -> impl FnOnce(Errno) -> SubPathError {
@@ -93,14 +137,14 @@ pub fn bind_target(pod_dir: &Path, volume: &str, container: &str, index: usize) 
 fn components(sub_path: &str) -> Result<Vec<&OsStr>, SubPathError> {
     let path = Path::new(sub_path);
     if path.is_absolute() {
-        return Err(SubPathError::Invalid("must be a relative path"));
+        return Err(SubPathError::Absolute(sub_path.to_owned()));
     }
     let mut parts = Vec::new();
     for component in path.components() {
         match component {
             Component::Normal(part) => parts.push(part),
             Component::CurDir => {}
-            _ => return Err(SubPathError::Invalid("must not contain '..'")),
+            _ => return Err(SubPathError::Backsteps(sub_path.to_owned())),
         }
     }
     if parts.is_empty() {

@@ -134,13 +134,13 @@ async fn empty_dir_is_created_under_the_pod_dir_and_mounted() {
     assert!(expected.is_dir());
     let mut m = mount("cache", "/cache");
     m.read_only = Some(true);
-    let mounts = volumes.mounts_for(&mounting(vec![m])).unwrap();
+    let mounts = volumes.mounts_for(&mounting(vec![m]), &[]).unwrap();
     assert_eq!(mounts.len(), 1);
     assert_eq!(mounts[0].host_path, expected.to_string_lossy());
     assert_eq!(mounts[0].container_path, "/cache");
     assert!(mounts[0].readonly);
     let writable = volumes
-        .mounts_for(&mounting(vec![mount("cache", "/c")]))
+        .mounts_for(&mounting(vec![mount("cache", "/c")]), &[])
         .unwrap();
     assert!(
         !writable[0].readonly,
@@ -264,7 +264,7 @@ async fn a_downward_api_volume_holds_the_pods_fields_and_is_updated() {
     );
     let volumes = setup.pod_volumes(&pod);
     let mounts = volumes
-        .mounts_for(&mounting(vec![mount("info", "/etc/info")]))
+        .mounts_for(&mounting(vec![mount("info", "/etc/info")]), &[])
         .unwrap();
     assert!(mounts[0].readonly, "API volumes are mounted read-only");
 }
@@ -399,7 +399,7 @@ async fn host_path_types_are_checked_and_created() {
         ])
         .await;
     let mounts = volumes
-        .mounts_for(&mounting(vec![mount("a", "/a")]))
+        .mounts_for(&mounting(vec![mount("a", "/a")]), &[])
         .unwrap();
     assert_eq!(Path::new(&mounts[0].host_path), new_dir);
     for (path, kind) in [
@@ -446,22 +446,97 @@ async fn mount_errors_name_the_container_and_volume() {
     let setup = Setup::new();
     let volumes = setup.mounted(vec![empty_dir("data")]).await;
     let err = volumes
-        .mounts_for(&mounting(vec![mount("nope", "/x")]))
+        .mounts_for(&mounting(vec![mount("nope", "/x")]), &[])
         .unwrap_err();
     assert_eq!(
         err.to_string(),
         "container \"c\" mounts volume \"nope\", which the pod does not define"
     );
-    let mut expr = mount("data", "/x");
-    expr.sub_path_expr = Some("$(POD)".into());
     assert!(matches!(
-        volumes.mounts_for(&mounting(vec![expr])),
-        Err(VolumeError::SubPathExprUnsupported { .. })
-    ));
-    assert!(matches!(
-        volumes.mounts_for(&mounting(vec![mount("data", "rel")])),
+        volumes.mounts_for(&mounting(vec![mount("data", "rel")]), &[]),
         Err(VolumeError::RelativeMountPath { .. })
     ));
+}
+
+fn env(vars: &[(&str, &str)]) -> Vec<KeyValue> {
+    vars.iter()
+        .map(|(key, value)| KeyValue {
+            key: (*key).into(),
+            value: (*value).into(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sub_path_exprs_are_expanded_with_the_containers_environment() {
+    let setup = Setup::new();
+    let volumes = setup.mounted(vec![empty_dir("data")]).await;
+    let root = setup.volume_path(EMPTY_DIR_PLUGIN, "data");
+    let mut expr = mount("data", "/logs");
+    expr.sub_path_expr = Some("$(ANNOTATION)/$(POD_NAME)".into());
+    let container = mounting(vec![mount("data", "/all"), expr]);
+
+    let vars = env(&[("POD_NAME", "web-0"), ("ANNOTATION", "mypath")]);
+    let mounts = volumes.mounts_for(&container, &vars).unwrap();
+    let target = setup.pod_dir().join("volume-subpaths/data/c/1");
+    assert_eq!(PathBuf::from(&mounts[1].host_path), target);
+    assert_eq!(
+        setup.mounter.bound(),
+        BTreeMap::from([(target.clone(), root.join("mypath/web-0"))])
+    );
+    assert!(root.join("mypath/web-0").is_dir());
+
+    // A new value (the annotation changed) is a new directory, bound in place of the old one.
+    let vars = env(&[("POD_NAME", "web-0"), ("ANNOTATION", "mynewpath")]);
+    volumes.mounts_for(&container, &vars).unwrap();
+    assert_eq!(
+        setup.mounter.bound(),
+        BTreeMap::from([(target, root.join("mynewpath/web-0"))])
+    );
+}
+
+#[tokio::test]
+async fn sub_path_exprs_the_kubelet_refuses_fail_with_its_messages_and_touch_nothing() {
+    let setup = Setup::new();
+    let volumes = setup.mounted(vec![empty_dir("data")]).await;
+    let root = setup.volume_path(EMPTY_DIR_PLUGIN, "data");
+    let mut expr = mount("data", "/logs");
+    expr.sub_path_expr = Some("$(ANNOTATION)/$(POD_NAME)/$(NOWHERE)".into());
+    let container = mounting(vec![expr]);
+    let refused = |vars: &[(&str, &str)]| {
+        let err = volumes.mounts_for(&container, &env(vars)).unwrap_err();
+        assert!(matches!(err, VolumeError::SubPathRefused(_)), "{err:?}");
+        err.to_string()
+    };
+    // Empty counts as missing, and every missing name is listed, sorted.
+    assert_eq!(
+        refused(&[("POD_NAME", "web-0"), ("ANNOTATION", "")]),
+        "missing value for ANNOTATION, NOWHERE"
+    );
+    let mut single = mount("data", "/logs");
+    single.sub_path_expr = Some("$(POD_NAME)".into());
+    let container = mounting(vec![single]);
+    let refused = |value: &str| {
+        volumes
+            .mounts_for(&container, &env(&[("POD_NAME", value)]))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        refused("/tmp"),
+        "error SubPath `/tmp` must not be an absolute path"
+    );
+    assert_eq!(
+        refused(".."),
+        "unable to provision SubPath `..`: must not contain '..'"
+    );
+    assert_eq!(
+        refused("a/../../b"),
+        "unable to provision SubPath `a/../../b`: must not contain '..'"
+    );
+    assert!(setup.mounter.bound().is_empty());
+    assert_eq!(fs::read_dir(&root).unwrap().count(), 0, "nothing created");
+    assert!(!setup.pod_dir().join("volume-subpaths").exists());
 }
 
 #[tokio::test]
@@ -474,7 +549,7 @@ async fn sub_paths_reach_the_runtime_as_binds_under_the_pod_and_escapes_are_refu
         plain.read_only = Some(true);
         let mut m = mount("data", "/x");
         m.sub_path = Some(sub.into());
-        volumes.mounts_for(&mounting(vec![plain, m]))
+        volumes.mounts_for(&mounting(vec![plain, m]), &[])
     };
     let mounts = with_sub("a/b").unwrap();
     // The second mount of container "c": its index names the bind target.
@@ -486,12 +561,15 @@ async fn sub_paths_reach_the_runtime_as_binds_under_the_pod_and_escapes_are_refu
     );
     assert!(root.join("a/b").is_dir());
     assert!(!mounts[1].readonly);
-    for bad in ["../up", "/abs"] {
-        assert!(
-            matches!(with_sub(bad), Err(VolumeError::InvalidSubPath { .. })),
-            "{bad}"
-        );
-    }
+    // A plain subPath is refused as the kubelet refuses an expanded one.
+    assert_eq!(
+        with_sub("../up").unwrap_err().to_string(),
+        "unable to provision SubPath `../up`: must not contain '..'"
+    );
+    assert_eq!(
+        with_sub("/abs").unwrap_err().to_string(),
+        "error SubPath `/abs` must not be an absolute path"
+    );
     let outside = setup.dir.path().join("outside");
     fs::create_dir(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();

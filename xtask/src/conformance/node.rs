@@ -106,6 +106,7 @@ impl Node {
                     .args(["--address", "127.0.0.1"])
                     .arg("--pod-logs-dir")
                     .arg(run_dir.join("pod-logs"))
+                    .args(ringlet_tests::LAB_AGENT_FLAGS)
                     .args([
                         "--container-runtime-endpoint",
                         &format!("unix://{}", lab::SOCKET),

@@ -192,11 +192,35 @@ pub struct Results {
 
 /// Why a spec fails on any agent on this machine, for the specs where that is known: the suite
 /// needs something this lab does not have. Matched against the spec's full name.
-pub const MACHINE_REASONS: &[(&str, &str)] = &[(
-    "PrivilegedPod [NodeConformance] should enable privileged commands",
-    "the spec adds a `dummy` network link, and this VM's kernel has no dummy driver \
-     (`ip link add dummy1 type dummy`: Operation not supported)",
-)];
+pub const MACHINE_REASONS: &[(&str, &str)] = &[
+    (
+        "PrivilegedPod [NodeConformance] should enable privileged commands",
+        "the spec adds a `dummy` network link, and this VM's kernel has no dummy driver \
+         (`ip link add dummy1 type dummy`: Operation not supported)",
+    ),
+    (
+        "when running a container with a new image [Serial] should be able to pull image ",
+        "the spec pulls `registry.k8s.io/e2e-test-images/agnhost:2.63.0` with \
+         `imagePullPolicy: Always`, and this machine cannot resolve registry.k8s.io \
+         (`dial tcp: lookup registry.k8s.io: no such host`): the image imported by the harness \
+         does not count under Always",
+    ),
+    (
+        "when running a container with a new image [Serial] should be able to pull from private \
+         registry with secret",
+        "the spec pulls `localhost:5000/pause:testing` (`Always`, with the pull secret) from the \
+         registry it runs in an agnhost pod (`fake-registry-server --private`), which serves the \
+         image files the real agnhost image carries in `/var/registry`, downloaded from \
+         registry.k8s.io when that image is built; the harness's agnhost stand-in has none and this \
+         machine cannot reach registry.k8s.io to make them, so the pull ends in `not found`",
+    ),
+    (
+        "ImageVolume should succeed with pod and pull policy of Always",
+        "the image volume is `registry.k8s.io/e2e-test-images/kitten:1.8` with `pullPolicy: \
+         Always`, and this machine cannot resolve registry.k8s.io \
+         (`dial tcp: lookup registry.k8s.io: no such host`)",
+    ),
+];
 
 /// The known machine reason for `spec`, if any.
 pub fn machine_reason(spec: &str) -> Option<&'static str> {
@@ -482,6 +506,44 @@ mod tests {
         assert_eq!(section.totals("ringlet"), (1, 1));
         assert!(!section.specs.contains_key("z"), "a spec no agent ran goes");
         assert!(section.specs["a"].contains_key("kubelet"));
+    }
+
+    #[test]
+    fn image_pulls_this_machine_cannot_do_have_their_reason_and_their_siblings_none() {
+        let runtime = "[sig-node] Container Runtime blackbox test when running a container with \
+                       a new image [Serial] ";
+        for (spec, image) in [
+            (
+                format!("{runtime}should be able to pull image [NodeConformance]"),
+                "agnhost:2.63.0",
+            ),
+            (
+                format!(
+                    "{runtime}should be able to pull from private registry with secret \
+                     [NodeConformance]"
+                ),
+                "localhost:5000/pause:testing",
+            ),
+            (
+                "[sig-node] ImageVolume should succeed with pod and pull policy of Always \
+                 [LinuxOnly] [MinimumKubeletVersion:1.35] [Conformance]"
+                    .to_owned(),
+                "kitten:1.8",
+            ),
+        ] {
+            let reason = machine_reason(&spec).unwrap_or_default();
+            assert!(reason.contains(image), "{spec}: {reason:?}");
+        }
+        for passes in [
+            "should not be able to pull image from invalid registry [NodeConformance]",
+            "should not be able to pull from private registry without secret [NodeConformance]",
+        ] {
+            assert_eq!(
+                machine_reason(&format!("{runtime}{passes}")),
+                None,
+                "{passes}"
+            );
+        }
     }
 
     #[test]

@@ -20,6 +20,8 @@ impl KubeletConfiguration {
                     .configz()
                     .chain(self.container_logs.configz())
                     .chain(self.dns.configz())
+                    .chain(self.eviction.configz())
+                    .chain(self.image_gc.configz())
                     .map(|(name, value)| (name.to_owned(), value)),
             );
         }
@@ -46,6 +48,8 @@ impl KubeletConfiguration {
             "healthzBindAddress": self.healthz_bind_address.to_string(),
             "tlsCertFile": path(&self.tls_cert_file),
             "tlsPrivateKeyFile": path(&self.tls_private_key_file),
+            "rotateCertificates": self.rotate_certificates,
+            "serverTLSBootstrap": self.server_tls_bootstrap,
             "tlsCipherSuites": self.tls_cipher_suites,
             "tlsMinVersion": self.tls_min_version,
             "allowedUnsafeSysctls": self.sysctls.allowed_unsafe(),

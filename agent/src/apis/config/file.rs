@@ -9,6 +9,8 @@ use serde_yaml_ng::Value;
 use super::container_logs::RawContainerLogSettings;
 use super::dns::RawDnsSettings;
 use super::duration::parse_duration;
+use super::eviction::RawEvictionConfig;
+use super::image_gc::RawImageGcSettings;
 use super::node::RawNodeSettings;
 
 pub(super) const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -17,18 +19,12 @@ pub(super) const KIND: &str = "KubeletConfiguration";
 /// Fields of the real v1beta1 `KubeletConfiguration` that ringlet accepts but does not act on yet.
 const NOT_IMPLEMENTED: &[&str] = &[
     "tlsCurvePreferences",
-    "rotateCertificates",
-    "serverTLSBootstrap",
     "registryPullQPS",
     "registryBurst",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
     "enableContentionProfiling",
     "oomScoreAdj",
-    "imageMinimumGCAge",
-    "imageMaximumGCAge",
-    "imageGCHighThresholdPercent",
-    "imageGCLowThresholdPercent",
     "volumeStatsAggPeriod",
     "kubeletCgroups",
     "systemCgroups",
@@ -51,11 +47,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "contentType",
     "serializeImagePulls",
     "maxParallelImagePulls",
-    "evictionSoft",
-    "evictionSoftGracePeriod",
-    "evictionPressureTransitionPeriod",
-    "evictionMaxPodGracePeriod",
-    "evictionMinimumReclaim",
     "mergeDefaultEvictionSettings",
     "enableControllerAttachDetach",
     "protectKernelDefaults",
@@ -134,6 +125,8 @@ pub(super) struct RawConfig {
     pub pod_logs_dir: Option<String>,
     pub tls_cert_file: Option<String>,
     pub tls_private_key_file: Option<String>,
+    pub rotate_certificates: Option<bool>,
+    pub server_tls_bootstrap: Option<bool>,
     pub tls_cipher_suites: Option<Vec<String>>,
     pub allowed_unsafe_sysctls: Option<Vec<String>>,
     pub tls_min_version: Option<String>,
@@ -149,6 +142,8 @@ pub(super) struct RawConfig {
     pub node: RawNodeSettings,
     pub container_logs: RawContainerLogSettings,
     pub dns: RawDnsSettings,
+    pub eviction: RawEvictionConfig,
+    pub image_gc: RawImageGcSettings,
 }
 
 /// What reading a document produced: the values, the recognised fields ringlet ignores, and every
@@ -226,6 +221,8 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             "podLogsDir" => raw.pod_logs_dir = reader.string(),
             "tlsCertFile" => raw.tls_cert_file = reader.string(),
             "tlsPrivateKeyFile" => raw.tls_private_key_file = reader.string(),
+            "rotateCertificates" => raw.rotate_certificates = reader.bool(),
+            "serverTLSBootstrap" => raw.server_tls_bootstrap = reader.bool(),
             "tlsCipherSuites" => raw.tls_cipher_suites = reader.string_list(),
             "allowedUnsafeSysctls" => raw.allowed_unsafe_sysctls = reader.string_list(),
             "tlsMinVersion" => raw.tls_min_version = reader.string(),
@@ -252,6 +249,8 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             other if raw.node.read(other, &mut reader) => {}
             other if raw.container_logs.read(other, &mut reader) => {}
             other if raw.dns.read(other, &mut reader) => {}
+            other if raw.eviction.read(other, &mut reader) => {}
+            other if raw.image_gc.read(other, &mut reader) => {}
             other if NOT_IMPLEMENTED.contains(&other) => out.not_implemented.push(other.to_owned()),
             other => unknown.push(other.to_owned()),
         }

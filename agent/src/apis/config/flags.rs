@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::duration::parse_duration;
+use super::eviction;
 use super::file::RawConfig;
 
 /// Command-line flags. Every flag backed by a `KubeletConfiguration` field is optional so that an
@@ -171,6 +172,21 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub resolv_conf: Option<String>,
 
+    /// Image filesystem usage in percent at or above which unused images are removed; 100 turns
+    /// that off (config: imageGCHighThresholdPercent).
+    #[arg(long, value_name = "PERCENT", allow_negative_numbers = true)]
+    pub image_gc_high_threshold: Option<i64>,
+
+    /// Image filesystem usage in percent that image garbage collection frees down to (config:
+    /// imageGCLowThresholdPercent).
+    #[arg(long, value_name = "PERCENT", allow_negative_numbers = true)]
+    pub image_gc_low_threshold: Option<i64>,
+
+    /// Minimum age of an unused image before it is garbage collected, e.g. 2m (config:
+    /// imageMinimumGCAge).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub minimum_image_ttl_duration: Option<Duration>,
+
     /// Serving certificate of the kubelet API, PEM (config: tlsCertFile).
     #[arg(long, value_name = "FILE")]
     pub tls_cert_file: Option<String>,
@@ -178,6 +194,15 @@ pub struct Flags {
     /// Key of the serving certificate, PEM (config: tlsPrivateKeyFile).
     #[arg(long, value_name = "FILE")]
     pub tls_private_key_file: Option<String>,
+
+    /// Renew the client certificate through a CSR as it nears expiry (config: rotateCertificates).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub rotate_certificates: Option<bool>,
+
+    /// Obtain and renew the serving certificate through a kubelet-serving CSR (config:
+    /// serverTLSBootstrap).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub rotate_server_certificates: Option<bool>,
 
     /// Comma-separated TLS cipher suite names, e.g. `TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256` (config: tlsCipherSuites).
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
@@ -267,6 +292,35 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub node_status_update_frequency: Option<Duration>,
 
+    /// Hard eviction thresholds: `signal<value`, comma-separated, e.g. `memory.available<100Mi`
+    /// (config: evictionHard).
+    #[arg(long, value_name = "THRESHOLDS")]
+    pub eviction_hard: Option<String>,
+
+    /// Soft eviction thresholds, like --eviction-hard (config: evictionSoft).
+    #[arg(long, value_name = "THRESHOLDS")]
+    pub eviction_soft: Option<String>,
+
+    /// Grace periods of the soft thresholds: `signal=duration`, comma-separated (config:
+    /// evictionSoftGracePeriod).
+    #[arg(long, value_name = "PERIODS")]
+    pub eviction_soft_grace_period: Option<String>,
+
+    /// What an eviction must reclaim beyond its threshold: `signal=value`, comma-separated
+    /// (config: evictionMinimumReclaim).
+    #[arg(long, value_name = "AMOUNTS")]
+    pub eviction_minimum_reclaim: Option<String>,
+
+    /// How long a pressure condition stays after its threshold was last met, e.g. 5m (config:
+    /// evictionPressureTransitionPeriod).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub eviction_pressure_transition_period: Option<Duration>,
+
+    /// Longest grace period, in seconds, of a pod evicted for a soft threshold (config:
+    /// evictionMaxPodGracePeriod).
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub eviction_max_pod_grace_period: Option<i64>,
+
     /// ringlet extension: the I/O engine: uring (`io_uring`), epoll, or auto (`io_uring` when the kernel
     /// allows it) (config: ioEngine).
     #[arg(long, value_name = "ENGINE")]
@@ -339,6 +393,14 @@ impl Flags {
         );
         set(&mut raw.run_once, self.runonce.as_ref());
         set(&mut raw.enable_server, self.enable_server.as_ref());
+        set(
+            &mut raw.rotate_certificates,
+            self.rotate_certificates.as_ref(),
+        );
+        set(
+            &mut raw.server_tls_bootstrap,
+            self.rotate_server_certificates.as_ref(),
+        );
         set(&mut raw.pod_logs_dir, self.pod_logs_dir.as_ref());
         let logs = &mut raw.container_logs;
         set(&mut logs.max_size, self.container_log_max_size.as_ref());
@@ -354,6 +416,19 @@ impl Flags {
         set(&mut raw.dns.cluster_dns, self.cluster_dns.as_ref());
         set(&mut raw.dns.cluster_domain, self.cluster_domain.as_ref());
         set(&mut raw.dns.resolv_conf, self.resolv_conf.as_ref());
+        let image_gc = &mut raw.image_gc;
+        set(
+            &mut image_gc.high_threshold_percent,
+            self.image_gc_high_threshold.as_ref(),
+        );
+        set(
+            &mut image_gc.low_threshold_percent,
+            self.image_gc_low_threshold.as_ref(),
+        );
+        set(
+            &mut image_gc.minimum_age,
+            self.minimum_image_ttl_duration.as_ref(),
+        );
         set(&mut raw.tls_cert_file, self.tls_cert_file.as_ref());
         set(
             &mut raw.tls_private_key_file,
@@ -404,12 +479,71 @@ impl Flags {
             &mut raw.node.node_status_update_frequency,
             self.node_status_update_frequency.as_ref(),
         );
+        self.overlay_eviction(raw, problems);
         set(&mut raw.pleg_mode, self.pleg_mode.as_ref());
         set(&mut raw.io_engine, self.io_engine.as_ref());
         set(
             &mut raw.pleg_relist_period,
             self.pleg_relist_period.as_ref(),
         );
+    }
+}
+
+impl Flags {
+    /// The eviction flags (`--eviction-*`) over `raw`.
+    fn overlay_eviction(&self, raw: &mut RawConfig, problems: &mut Vec<String>) {
+        let mut map = |text: Option<&String>,
+                       parse: fn(&str) -> Result<BTreeMap<String, String>, String>,
+                       field: &str,
+                       flag: &str|
+         -> Option<BTreeMap<String, String>> {
+            parse(text?)
+                .map_err(|problem| problems.push(format!("{field} (--{flag}): {problem}")))
+                .ok()
+        };
+        let (thresholds, signal_map) = (
+            eviction::parse_threshold_flag as fn(&str) -> _,
+            eviction::parse_signal_map_flag as fn(&str) -> _,
+        );
+        if let Some(hard) = map(
+            self.eviction_hard.as_ref(),
+            thresholds,
+            "evictionHard",
+            "eviction-hard",
+        ) {
+            raw.node.eviction_hard = Some(hard);
+        }
+        let eviction = &mut raw.eviction;
+        if let Some(soft) = map(
+            self.eviction_soft.as_ref(),
+            thresholds,
+            "evictionSoft",
+            "eviction-soft",
+        ) {
+            eviction.soft = Some(soft);
+        }
+        if let Some(grace) = map(
+            self.eviction_soft_grace_period.as_ref(),
+            signal_map,
+            "evictionSoftGracePeriod",
+            "eviction-soft-grace-period",
+        ) {
+            eviction.soft_grace_period = Some(grace);
+        }
+        if let Some(reclaim) = map(
+            self.eviction_minimum_reclaim.as_ref(),
+            signal_map,
+            "evictionMinimumReclaim",
+            "eviction-minimum-reclaim",
+        ) {
+            eviction.minimum_reclaim = Some(reclaim);
+        }
+        if let Some(period) = self.eviction_pressure_transition_period {
+            eviction.pressure_transition_period = Some(period);
+        }
+        if let Some(seconds) = self.eviction_max_pod_grace_period {
+            eviction.max_pod_grace_period = Some(seconds);
+        }
     }
 }
 

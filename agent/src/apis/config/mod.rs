@@ -10,8 +10,10 @@ mod configz;
 mod container_logs;
 mod dns;
 mod duration;
+mod eviction;
 mod file;
 mod flags;
+mod image_gc;
 mod node;
 
 use std::collections::BTreeMap;
@@ -29,7 +31,9 @@ use crate::lifecycle::SysctlAllowlist;
 pub use container_logs::ContainerLogSettings;
 pub use dns::DnsSettings;
 pub use duration::{DurationError, parse_duration};
+pub use eviction::EvictionConfig;
 pub use flags::Flags;
+pub use image_gc::ImageGcSettings;
 pub use node::{DEFAULT_EVICTION_HARD, NodeSettings, TaintSetting};
 
 use file::RawConfig;
@@ -188,6 +192,11 @@ pub struct KubeletConfiguration {
     pub tls_cert_file: Option<PathBuf>,
     /// `tlsPrivateKeyFile`: the serving certificate's key.
     pub tls_private_key_file: Option<PathBuf>,
+    /// `rotateCertificates` (default false): renew the client certificate through CSRs.
+    pub rotate_certificates: bool,
+    /// `serverTLSBootstrap` (default false): the serving certificate comes from a kubelet-serving
+    /// CSR (and is renewed the same way) instead of `tlsCertFile` or a self-signed pair.
+    pub server_tls_bootstrap: bool,
     /// `tlsCipherSuites`: IANA/Go names; empty for the TLS library's defaults.
     pub tls_cipher_suites: Vec<String>,
     /// `tlsMinVersion`: `VersionTLS12` or `VersionTLS13`; `None` for the library's minimum.
@@ -223,6 +232,11 @@ pub struct KubeletConfiguration {
     pub container_logs: ContainerLogSettings,
     /// Pod DNS: `clusterDNS`, `clusterDomain`, `resolvConf`.
     pub dns: DnsSettings,
+    /// Node-pressure eviction besides `evictionHard` (in `node`).
+    pub eviction: EvictionConfig,
+    /// Image garbage collection: `imageGCHighThresholdPercent`, `imageGCLowThresholdPercent`,
+    /// `imageMinimumGCAge`, `imageMaximumGCAge`.
+    pub image_gc: ImageGcSettings,
 }
 
 impl Default for KubeletConfiguration {
@@ -250,6 +264,8 @@ impl Default for KubeletConfiguration {
             enable_server: true,
             tls_cert_file: None,
             tls_private_key_file: None,
+            rotate_certificates: false,
+            server_tls_bootstrap: false,
             tls_cipher_suites: Vec::new(),
             sysctls: SysctlAllowlist::default(),
             tls_min_version: None,
@@ -274,6 +290,8 @@ impl Default for KubeletConfiguration {
             node: NodeSettings::default(),
             container_logs: ContainerLogSettings::default(),
             dns: DnsSettings::default(),
+            eviction: EvictionConfig::default(),
+            image_gc: ImageGcSettings::default(),
         }
     }
 }
@@ -811,6 +829,8 @@ fn build(
         );
     }
 
+    let node = node::build(raw.node, problems);
+    let eviction = eviction::build(raw.eviction, &node.eviction_hard, problems);
     KubeletConfiguration {
         static_pod_path,
         static_pod_url,
@@ -833,6 +853,12 @@ fn build(
         enable_server: raw.enable_server.unwrap_or(defaults.enable_server),
         tls_cert_file,
         tls_private_key_file,
+        rotate_certificates: raw
+            .rotate_certificates
+            .unwrap_or(defaults.rotate_certificates),
+        server_tls_bootstrap: raw
+            .server_tls_bootstrap
+            .unwrap_or(defaults.server_tls_bootstrap),
         tls_cipher_suites: raw.tls_cipher_suites.unwrap_or_default(),
         sysctls: sysctl_allowlist(raw.allowed_unsafe_sysctls, problems),
         tls_min_version: raw.tls_min_version.filter(|v| !v.is_empty()),
@@ -849,9 +875,11 @@ fn build(
         pleg_mode,
         io_engine,
         pleg_relist_period: raw.pleg_relist_period.filter(|p| !p.is_zero()),
-        node: node::build(raw.node, problems),
+        node,
         container_logs: container_logs::build(raw.container_logs, problems),
         dns: dns::build(raw.dns, problems),
+        eviction,
+        image_gc: image_gc::build(raw.image_gc, problems),
     }
 }
 

@@ -149,8 +149,8 @@ fn unknown_field_is_rejected() {
 #[test]
 fn unimplemented_fields_warn_once_listing_all() {
     let yaml = format!(
-        "{HEADER}hairpinMode: hairpin-veth\nrotateCertificates: true\n\
-         staticPodPath: /etc/m\nevictionSoft:\n  memory.available: 100Mi\n\
+        "{HEADER}hairpinMode: hairpin-veth\nfailSwapOn: false\n\
+         staticPodPath: /etc/m\nmergeDefaultEvictionSettings: true\n\
          evictionHard:\n  memory.available: 200Mi\n"
     );
     let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
@@ -167,7 +167,7 @@ fn unimplemented_fields_warn_once_listing_all() {
         warnings,
         vec![
             "ringlet does not implement these KubeletConfiguration fields yet: hairpinMode, \
-             rotateCertificates, evictionSoft"
+             failSwapOn, mergeDefaultEvictionSettings"
                 .to_owned()
         ]
     );
@@ -898,5 +898,145 @@ fn bad_pod_dns_settings_are_reported_together() {
     assert_eq!(
         problems,
         ["clusterDNS: expected a list of strings, found string \"10.0.0.10\""]
+    );
+}
+
+#[test]
+fn certificate_rotation_fields_and_flags_are_read() {
+    let (config, warnings) =
+        load_with_file(&format!("{HEADER}rotateCertificates: true\n"), &[]).expect("loads");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(config.kubelet.rotate_certificates);
+    assert!(!config.kubelet.server_tls_bootstrap);
+    let (config, _) = load_with_file(
+        &format!("{HEADER}serverTLSBootstrap: true\n"),
+        &[
+            "--rotate-certificates",
+            "--rotate-server-certificates=false",
+        ],
+    )
+    .expect("loads");
+    assert!(config.kubelet.rotate_certificates, "the flag sets it");
+    assert!(
+        !config.kubelet.server_tls_bootstrap,
+        "the flag wins over the file"
+    );
+    let err = load_with_file(&format!("{HEADER}serverTLSBootstrap: [yes]\n"), &[])
+        .expect_err("not a bool");
+    let ConfigError::Invalid { problems, .. } = err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        problems.iter().any(|p| p.contains("serverTLSBootstrap")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn eviction_fields_and_flags_are_read_and_flags_win() {
+    let yaml = format!(
+        "{HEADER}evictionHard:\n  memory.available: 200Mi\nevictionSoft:\n  nodefs.available: 20%\n\
+         evictionSoftGracePeriod:\n  nodefs.available: 1m30s\n\
+         evictionMinimumReclaim:\n  nodefs.available: 1Gi\n\
+         evictionPressureTransitionPeriod: 30s\nevictionMaxPodGracePeriod: 20\n"
+    );
+    let (config, warnings) = load_with_file(
+        &yaml,
+        &[
+            "--eviction-hard=memory.available<1Gi,pid.available<5%",
+            "--eviction-max-pod-grace-period=40",
+        ],
+    )
+    .expect("loads");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let kc = &config.kubelet;
+    assert_eq!(
+        kc.node.eviction_hard,
+        std::collections::BTreeMap::from([
+            ("memory.available".to_owned(), "1Gi".to_owned()),
+            ("pid.available".to_owned(), "5%".to_owned()),
+        ])
+    );
+    assert_eq!(kc.eviction.soft["nodefs.available"], "20%");
+    assert_eq!(
+        kc.eviction.soft_grace_period["nodefs.available"],
+        Duration::from_secs(90)
+    );
+    assert_eq!(kc.eviction.minimum_reclaim["nodefs.available"], "1Gi");
+    assert_eq!(
+        kc.eviction.pressure_transition_period,
+        Duration::from_secs(30)
+    );
+    assert_eq!(kc.eviction.max_pod_grace_period, 40);
+    assert_eq!(
+        kc.eviction
+            .thresholds(&kc.node.eviction_hard)
+            .map(|t| t.len()),
+        Ok(3)
+    );
+    let problems = invalid_problems(load_with_file(
+        HEADER,
+        &[
+            "--eviction-hard=memory.free<1Gi",
+            "--eviction-soft=memory.available=1Gi",
+        ],
+    ));
+    assert_eq!(
+        problems,
+        [
+            "evictionSoft (--eviction-soft): \"memory.available=1Gi\" must be <signal><<value>",
+            "evictionHard (--eviction-hard): unsupported eviction signal memory.free",
+        ]
+    );
+}
+
+#[test]
+fn image_gc_from_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}imageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 70\n\
+         imageMinimumGCAge: 5m\nimageMaximumGCAge: 24h\nimageGCPeriod: 1s\n"
+    );
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
+    assert!(
+        warnings.is_empty(),
+        "acted on, not warned about: {warnings:?}"
+    );
+    let gc = &config.kubelet.image_gc;
+    assert_eq!(
+        (gc.high_threshold_percent, gc.low_threshold_percent),
+        (90, 70)
+    );
+    assert_eq!(gc.minimum_age, Duration::from_mins(5));
+    assert_eq!(gc.maximum_age, Duration::from_hours(24));
+    assert_eq!(gc.period, Duration::from_secs(1));
+    let configz = config.kubelet.configz();
+    assert_eq!(configz["kubeletconfig"]["imageGCHighThresholdPercent"], 90);
+    assert_eq!(configz["kubeletconfig"]["imageMinimumGCAge"], "5m0s");
+
+    let (config, _) = load_with_file(
+        &yaml,
+        &[
+            "--image-gc-high-threshold",
+            "100",
+            "--image-gc-low-threshold=99",
+            "--minimum-image-ttl-duration",
+            "1m",
+        ],
+    )
+    .expect("loads");
+    let gc = &config.kubelet.image_gc;
+    assert_eq!(
+        (gc.high_threshold_percent, gc.low_threshold_percent),
+        (100, 99)
+    );
+    assert_eq!(gc.minimum_age, Duration::from_mins(1));
+
+    let problems = invalid_problems(load_with_file(&yaml, &["--image-gc-low-threshold", "95"]));
+    assert_eq!(
+        problems,
+        [
+            "imageGCLowThresholdPercent (--image-gc-low-threshold): 95 must be less than \
+          imageGCHighThresholdPercent (--image-gc-high-threshold) 90"
+        ]
     );
 }

@@ -2,7 +2,9 @@
 //! generated into the certificate directory like the kubelet's `--cert-dir`), `tlsMinVersion`,
 //! `tlsCipherSuites`, client certificates checked against `authentication.x509.clientCAFile`, and
 //! rotation of those files without a restart. It corresponds to the TLS half of the kubelet's
-//! `cmd/kubelet/app.InitializeTLS` plus the serving-certificate handling of `pkg/kubelet/certificate`.
+//! `cmd/kubelet/app.InitializeTLS` plus the serving-certificate handling of `pkg/kubelet/certificate`:
+//! with `serverTLSBootstrap` the certificate is `<cert-dir>/kubelet-server-current.pem`, issued
+//! through a `kubelet-serving` request ([`crate::certificate`]), and handshakes fail until there is one.
 
 pub(crate) mod handshake;
 mod pki;
@@ -44,6 +46,9 @@ pub struct TlsSettings {
     pub cipher_suites: Vec<String>,
     /// `authentication.x509.clientCAFile`: CA bundle that client certificates are verified against.
     pub client_ca_file: Option<PathBuf>,
+    /// `serverTLSBootstrap`: serve the certificate the certificate manager obtains for the node
+    /// instead of `cert_file` or a self-signed one.
+    pub server_tls_bootstrap: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -244,16 +249,20 @@ fn crypto_provider(names: &[String]) -> Result<CryptoProvider, TlsError> {
     Ok(provider)
 }
 
-/// The serving certificate new handshakes get; swapped when the files on disk change.
-struct CurrentCert(RwLock<Arc<CertifiedKey>>);
+/// The serving certificate new handshakes get; swapped when the files on disk change. `None` only
+/// while a bootstrapped serving certificate has not been issued yet.
+struct CurrentCert(RwLock<Option<Arc<CertifiedKey>>>);
 
 impl CurrentCert {
-    fn get(&self) -> Arc<CertifiedKey> {
-        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    fn get(&self) -> Option<Arc<CertifiedKey>> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn set(&self, key: Arc<CertifiedKey>) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = key;
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(key);
     }
 }
 
@@ -265,7 +274,11 @@ impl fmt::Debug for CurrentCert {
 
 impl ResolvesServerCert for CurrentCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.get())
+        let current = self.get();
+        if current.is_none() {
+            tracing::debug!("no serving certificate available for the kubelet yet");
+        }
+        current
     }
 }
 
@@ -311,6 +324,14 @@ impl ServingTls {
         let versions = protocol_versions(settings.min_version.as_deref())?;
         let provider = Arc::new(crypto_provider(&settings.cipher_suites)?);
         let (cert_file, key_file) = match (&settings.cert_file, &settings.private_key_file) {
+            _ if settings.server_tls_bootstrap => {
+                let current = crate::certificate::store::PairStore::new(
+                    &settings.cert_dir,
+                    crate::certificate::store::SERVER_PREFIX,
+                )
+                .current_path();
+                (current.clone(), current)
+            }
             (Some(cert), Some(key)) => (cert.clone(), key.clone()),
             (Some(cert), None) => {
                 return Err(TlsError::CertWithoutKey {
@@ -335,9 +356,24 @@ impl ServingTls {
             client_ca: settings.client_ca_file.clone(),
         };
         let initial = reload::Seen::of(&files);
-        let certified = pki::load_pair(&files.cert, &files.key, &provider)?;
-        tracing::info!(cert = %files.cert.display(), key = %files.key.display(), "loaded the serving certificate");
-        let cert = Arc::new(CurrentCert(RwLock::new(Arc::new(certified))));
+        let certified = match pki::load_pair(&files.cert, &files.key, &provider) {
+            Ok(certified) => {
+                tracing::info!(cert = %files.cert.display(), key = %files.key.display(), "loaded the serving certificate");
+                Some(Arc::new(certified))
+            }
+            // The bootstrapped certificate may not be there yet, or have gone bad: a new one is
+            // requested, and served when it comes.
+            Err(error) if settings.server_tls_bootstrap => {
+                tracing::info!(
+                    cert = %files.cert.display(),
+                    reason = %crate::error_chain::error_chain(&error),
+                    "no serving certificate yet: TLS handshakes fail until one is issued (serverTLSBootstrap)"
+                );
+                None
+            }
+            Err(error) => return Err(error),
+        };
+        let cert = Arc::new(CurrentCert(RwLock::new(certified)));
         let config = build_config(&files, &provider, versions, &cert)?;
         Ok(Self {
             shared: Arc::new(Shared {
@@ -375,6 +411,12 @@ impl ServingTls {
     /// Starts following the files for changes; stops when the returned guard is dropped.
     pub(crate) fn watch(&self) -> Watching {
         reload::watch(self.clone())
+    }
+
+    /// Serves the pair now in the certificate files to new connections (the certificate manager
+    /// calls this after writing a new one; the file watch would see it too, a little later).
+    pub(crate) fn reload_certificate(&self) -> Result<(), TlsError> {
+        self.reload_pair()
     }
 
     fn reload_pair(&self) -> Result<(), TlsError> {

@@ -1008,6 +1008,45 @@ async fn rotated_files_are_served_to_new_connections(engine: IoEngine) {
     server.stop().await;
 }
 
+/// `serverTLSBootstrap`: no certificate (no handshake) until the manager writes one to the store,
+/// then each pair it writes is served to new connections as soon as it says so, without the file
+/// watch (which is never started here).
+async fn bootstrapped_certificates_are_served_once_issued(engine: IoEngine) {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = ca("cluster-ca");
+    let (first, second) = (server_pair(&authority), server_pair(&authority));
+    let tls = ServingTls::load(&TlsSettings {
+        server_tls_bootstrap: true,
+        // Ignored with serverTLSBootstrap, as in the kubelet.
+        ..with_files(dir.path(), &server_pair(&ca("other-ca")))
+    })
+    .unwrap();
+    let store = crate::certificate::store::PairStore::new(
+        &dir.path().join("pki"),
+        crate::certificate::store::SERVER_PREFIX,
+    );
+    assert_eq!(tls.cert_file(), store.current_path());
+    let server = start_tls(engine, tls.clone(), router(engine), ServeLimits::default());
+    let client = Client::trusting(&[&authority.pem]);
+    let refused = fetch(server.addr, &client, "localhost", "/healthz").await;
+    assert!(
+        refused.is_err(),
+        "served without a certificate: {refused:?}"
+    );
+
+    for pair in [&first, &second] {
+        store
+            .write(pair.cert_pem.as_bytes(), &pair.key_pem)
+            .unwrap();
+        tls.reload_certificate().unwrap();
+        let answer = fetch(server.addr, &client, "localhost", "/healthz")
+            .await
+            .unwrap();
+        assert_eq!(answer.server_leaf, pair.leaf);
+    }
+    server.stop().await;
+}
+
 #[test]
 fn a_broken_new_pair_keeps_the_previous_certificate() {
     let dir = tempfile::tempdir().unwrap();
@@ -1015,7 +1054,7 @@ fn a_broken_new_pair_keeps_the_previous_certificate() {
     let first = server_pair(&authority);
     let second = server_pair(&authority);
     let tls = ServingTls::load(&with_files(dir.path(), &first)).unwrap();
-    let current = || tls.shared.cert.get().cert[0].clone();
+    let current = || tls.shared.cert.get().unwrap().cert[0].clone();
     let mut seen = reload::Seen::of(&tls.shared.files);
 
     fs::write(tls.key_file(), "garbage").unwrap();
@@ -1287,6 +1326,7 @@ on_both_engines! {
         upgraded_connections_pass_through_tls,
         a_response_over_a_mebibyte_arrives_whole_over_tls,
         rotated_files_are_served_to_new_connections,
+        bootstrapped_certificates_are_served_once_issued,
         client_ca_changes_apply_to_new_handshakes,
         curl_trusts_the_generated_certificate,
     ],

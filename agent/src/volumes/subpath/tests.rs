@@ -59,14 +59,27 @@ fn invalid(result: Result<PathBuf, SubPathError>) -> &'static str {
     }
 }
 
+fn refusal(result: Result<PathBuf, SubPathError>) -> String {
+    match result {
+        Err(err) if err.is_refusal() => err.to_string(),
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
 #[test]
 fn sub_paths_must_be_relative_and_stay_down() {
     let setup = Setup::new();
-    assert_eq!(invalid(setup.prepare("/etc")), "must be a relative path");
-    assert_eq!(invalid(setup.prepare("../host")), "must not contain '..'");
     assert_eq!(
-        invalid(setup.prepare("a/../../host")),
-        "must not contain '..'"
+        refusal(setup.prepare("/etc")),
+        "error SubPath `/etc` must not be an absolute path"
+    );
+    assert_eq!(
+        refusal(setup.prepare("../host")),
+        "unable to provision SubPath `../host`: must not contain '..'"
+    );
+    assert_eq!(
+        refusal(setup.prepare("a/../../host")),
+        "unable to provision SubPath `a/../../host`: must not contain '..'"
     );
     assert_eq!(
         invalid(setup.prepare("./")),
@@ -262,4 +275,26 @@ fn a_real_bind_holds_the_opened_directory_whatever_becomes_of_its_path() {
         fs::read_to_string(volume.join("a.old/mine")).unwrap(),
         "pod data"
     );
+}
+
+fn vars<'a>(list: &[(&'a str, &'a str)]) -> impl Fn(&str) -> Option<&'a str> {
+    let list = list.to_vec();
+    move |name| list.iter().find(|(key, _)| *key == name).map(|(_, v)| *v)
+}
+
+#[test]
+fn expressions_expand_like_commands_but_every_missing_or_empty_variable_is_an_error() {
+    let env = vars(&[("POD_NAME", "web-0"), ("NS", "shop"), ("EMPTY", "")]);
+    assert_eq!(
+        expand_expr("$(NS)/$(POD_NAME)/logs", &env).unwrap(),
+        "shop/web-0/logs"
+    );
+    // `$$` escapes, an unclosed reference stays as written, neither asks for a value.
+    assert_eq!(
+        expand_expr("$$(POD_NAME)-$(NS", &env).unwrap(),
+        "$(POD_NAME)-$(NS"
+    );
+    let err = expand_expr("$(ZED)/$(EMPTY)/$(POD_NAME)/$(ZED)", &env).unwrap_err();
+    assert!(err.is_refusal());
+    assert_eq!(err.to_string(), "missing value for EMPTY, ZED");
 }
