@@ -17,13 +17,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use ringlet::prober::http::AcceptAnyCertificate;
 use ringlet_tests::cluster::{Cluster, csr_common_name, require_lab_and_cluster};
 use ringlet_tests::cluster_node::{ClusterNode, ClusterNodeOptions};
 use ringlet_tests::wait_for;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 
 /// The lifetime of every certificate the test issues.
@@ -127,62 +126,14 @@ fn is_pending(csr: &Value) -> bool {
             .is_none_or(Vec::is_empty)
 }
 
-/// Accepts any server certificate: the test compares the one it is shown with the files itself.
-#[derive(Debug)]
-struct ShowMe(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for ShowMe {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// The leaf certificate a new TLS connection to the kubelet API is shown.
 fn served_certificate(port: u16) -> Result<CertificateDer<'static>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ShowMe(provider)))
+        // Any certificate: the test compares the one it is shown with the files itself.
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
         .with_no_client_auth();
     let mut connection =
         rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("127.0.0.1")?)?;
