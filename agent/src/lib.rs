@@ -27,6 +27,7 @@ pub mod memory;
 pub mod metrics;
 pub mod mountinfo;
 pub mod nodelease;
+pub mod nodeshutdown;
 pub mod nodestatus;
 pub mod objects;
 pub mod observe;

@@ -19,24 +19,27 @@ use ringlet::apiserver::{ApiClient, ApiClientOptions};
 use ringlet::certificate::csr::CsrTemplate;
 use ringlet::certificate::{self, ClientRotation, ServingRotation};
 use ringlet::cli;
-use ringlet::cm::{PodContainerManager, QosClass};
+use ringlet::cm::{NodeAllocatablePlan, NodeResources, PodContainerManager, QosClass};
 use ringlet::container::{Runtime, StreamingRuntime};
 use ringlet::ebpf;
 use ringlet::error_chain::error_chain;
 use ringlet::event_stream::{self, EventBroadcaster};
 use ringlet::events::Recorder;
 use ringlet::eviction::{DEFAULT_MONITORING_PERIOD, EvictionManager, EvictionSettings};
-use ringlet::images::{CriImageGcRuntime, ImageGcManager, ImageGcPolicy};
+use ringlet::images::{CriImageGcRuntime, ImageGcHandle, ImageGcManager, ImageGcPolicy};
 use ringlet::io::{self, IoEngine};
 use ringlet::kubelet::{
     ApiParts, Kubelet, KubeletDeps, KubeletServerHost, KubeletSettings, NodeHelper,
     NodeStatusSettings, ProbeDeps, RunPodResult,
 };
+use ringlet::kuberuntime::container::{CfsQuota, ContainerDefaults, SeccompSettings};
 use ringlet::kuberuntime::dns::DnsConfigurer;
 use ringlet::kuberuntime::{CriClient, KubeGenericRuntimeManager, RuntimeSettings};
 use ringlet::logs::{ContainerLogManager, LogRotatePolicy};
 use ringlet::memory;
 use ringlet::metrics::Metrics;
+use ringlet::nodeshutdown::{LabSignal, Logind, NodeShutdownManager, ShutdownSource};
+use ringlet::nodestatus;
 use ringlet::objects::ApiObjects;
 use ringlet::observe;
 use ringlet::podconfig::{self, PodConfigOptions};
@@ -129,8 +132,7 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
     let recorder = event_recorder(&config, api_client.as_ref())?;
     // Kept to write out the event log's last lines at shutdown.
     let event_log = recorder.clone();
-    let pod_cgroups =
-        Arc::new(PodContainerManager::from_config(kc).context("cannot set up pod cgroups")?);
+    let pod_cgroups = pod_container_manager(&config, &recorder).await?;
     let (published_node, node) = watch::channel(None);
     let objects = api_client.as_ref().map(ApiObjects::start);
     let (probe_results, probe_updates) = ProbeResults::new();
@@ -184,7 +186,9 @@ async fn run(config: AgentConfig, engine: IoEngine) -> anyhow::Result<ExitCode> 
         &kubelet,
         stats_provider(&config, &pod_cgroups)?,
         event_log.clone(),
+        image_gc.handle(config.root_dir.clone()),
     )?;
+    start_node_shutdown(&config, &kubelet, event_log.clone());
     let host = kubelet.server_host(ApiParts {
         streaming,
         stats: stats_provider(&config, &pod_cgroups)?,
@@ -384,6 +388,32 @@ fn pod_config_options(config: &AgentConfig, api_server: Option<ApiClient>) -> Po
     }
 }
 
+/// The pod cgroups' manager, after node allocatable is validated against the machine and enforced:
+/// the reserved cgroups now, the pods' cgroup in the background (the kubelet's container manager
+/// start).
+async fn pod_container_manager(
+    config: &AgentConfig,
+    recorder: &Recorder,
+) -> anyhow::Result<Arc<PodContainerManager>> {
+    let pod_cgroups = Arc::new(
+        PodContainerManager::from_config(&config.kubelet).context("cannot set up pod cgroups")?,
+    );
+    let machine = tokio::task::spawn_blocking(nodestatus::read_machine_info)
+        .await?
+        .context("cannot read the machine's capacity")?;
+    let plan = NodeAllocatablePlan::new(&config.kubelet, &NodeResources::of_machine(&machine))
+        .map_err(|err| anyhow::anyhow!(error_chain(&err)))?;
+    ringlet::cm::enforce_node_allocatable(
+        Arc::clone(&pod_cgroups),
+        plan,
+        recorder.clone(),
+        config.node_name.clone(),
+    )
+    .await
+    .map_err(|err| anyhow::anyhow!(error_chain(&err)))?;
+    Ok(pod_cgroups)
+}
+
 /// Serves the event API for `ringlet events`; a failure only costs that API, not the agent.
 async fn serve_events(
     path: PathBuf,
@@ -416,8 +446,20 @@ fn build_runtime(
         helper,
         recorder.clone(),
         RuntimeSettings {
+            container: ContainerDefaults {
+                cpu_cfs_quota: CfsQuota {
+                    enforce: kc.resources.cpu_cfs_quota,
+                    period_us: i64::try_from(kc.resources.cpu_cfs_quota_period.as_micros())
+                        .unwrap_or(i64::MAX),
+                },
+                seccomp: SeccompSettings {
+                    default_to_runtime_default: kc.resources.seccomp_default,
+                    profile_root: config.root_dir.join("seccomp"),
+                },
+            },
             memory_capacity_bytes: memory_capacity_bytes(),
             dns: DnsConfigurer::new(kc.dns.clone(), config.node_ips.clone()),
+            image_pulls: kc.image_pull,
             ..RuntimeSettings::default()
         },
     ))
@@ -632,14 +674,14 @@ fn stats_provider(
     Ok(StatsProvider::new(settings))
 }
 
-/// The eviction manager (`evictionHard` and the eviction section) as a task of its own. Image
-/// garbage collection joins disk reclaim through `EvictionManager::with_image_reclaimer` once it
-/// offers a one-shot collection.
+/// The eviction manager (`evictionHard` and the eviction section) as a task of its own; disk
+/// pressure first deletes unused images through the image garbage collector's handle.
 fn start_eviction(
     config: &AgentConfig,
     kubelet: &Kubelet,
     stats: StatsProvider,
     recorder: Recorder,
+    images: ImageGcHandle,
 ) -> anyhow::Result<()> {
     let kc = &config.kubelet;
     let thresholds = kc
@@ -665,9 +707,66 @@ fn start_eviction(
         layout,
         recorder,
         config.node_name.clone(),
-    );
+    )
+    .with_image_reclaimer(Arc::new(images));
     tokio::spawn(manager.run());
     Ok(())
+}
+
+/// Graceful node shutdown as a task of its own, when it is configured: logind announces the
+/// shutdown, or `SIGUSR1` with the lab-only `--lab-node-shutdown-signal`. Without logind it stays
+/// off, with one warning.
+fn start_node_shutdown(config: &AgentConfig, kubelet: &Kubelet, recorder: Recorder) {
+    let periods = config.kubelet.shutdown.periods();
+    if periods.is_empty() {
+        tracing::info!("no graceful node shutdown configured: node shutdown will be immediate");
+        return;
+    }
+    let (evictions, host) = kubelet.eviction_parts();
+    let manager = NodeShutdownManager::new(
+        periods,
+        kubelet.shutdown_handle(),
+        evictions,
+        host,
+        recorder,
+        config.node_name.clone(),
+    );
+    let lab = config.lab_node_shutdown_signal;
+    tokio::spawn(async move {
+        let source: Box<dyn ShutdownSource> = if lab {
+            match LabSignal::new() {
+                Ok(signal) => {
+                    tracing::warn!(
+                        "lab only (--lab-node-shutdown-signal): SIGUSR1 announces a node \
+                         shutdown, logind is not used"
+                    );
+                    Box::new(signal)
+                }
+                Err(err) => {
+                    tracing::warn!("graceful node shutdown is disabled: {}", error_chain(&err));
+                    return;
+                }
+            }
+        } else {
+            match Logind::connect(manager.requested_period()).await {
+                Ok(logind) => {
+                    tracing::info!(
+                        "graceful node shutdown: logind waits up to {}s for the pods at a shutdown",
+                        manager.requested_period().as_secs()
+                    );
+                    Box::new(logind)
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        "graceful node shutdown is disabled because logind is not available: {}",
+                        error_chain(&err)
+                    );
+                    return;
+                }
+            }
+        };
+        manager.run(source).await;
+    });
 }
 
 /// Prints one line per pod and a summary; fails when the run or any pod failed.

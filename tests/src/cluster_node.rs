@@ -70,6 +70,9 @@ impl ClusterNode {
         let namespace = name_for(test);
         let node = options.node.clone().unwrap_or_else(|| namespace.clone());
         let node_lock = crate::node_lock::node_lock()?;
+        // Built before any credential is minted: the first build of a run can take minutes on a
+        // busy machine, longer than a short-lived client certificate lives.
+        crate::ringlet_binary()?;
         cluster.prepare_namespace(&namespace)?;
         delete_node_objects(cluster, &node);
         let mut args = options.args;

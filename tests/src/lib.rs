@@ -653,6 +653,11 @@ impl Agent {
         self.root_dir().join("pki").join("kubelet.crt")
     }
 
+    /// The running agent's process id (to signal it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The agent's log so far (for assertion messages).
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()

@@ -3,6 +3,8 @@
 //! for pods of the real control plane. A private image is pulled with the pod's pull secret or
 //! the node's docker config, and refused without valid credentials (`ErrImagePull`, then
 //! `ImagePullBackOff`); an `Always` pull that fails never falls back to the image on the node.
+//! Pulls limited to one at a time all complete, and a pull over the registry rate fails with
+//! `pull QPS exceeded`.
 //! Run as root, one test at a time.
 
 use std::collections::BTreeSet;
@@ -351,4 +353,76 @@ fn the_nodes_docker_config_supplies_credentials_to_pods_without_secrets() -> Res
         &[],
     ))?;
     check_pulled(&node, "node-config")
+}
+
+#[test]
+fn with_one_pull_at_a_time_pods_pulling_at_once_all_start() -> Result<()> {
+    let test = "with_one_pull_at_a_time_pods_pulling_at_once_all_start";
+    let Some(cluster) = require(test) else {
+        return Ok(());
+    };
+    let config = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        config.path(),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         serializeImagePulls: false\nmaxParallelImagePulls: 1\nregistryPullQPS: 0\n",
+    )?;
+    let node = ClusterNode::start(
+        test,
+        &cluster,
+        ClusterNodeOptions {
+            args: vec!["--config".to_owned(), config.path().display().to_string()],
+            ..ClusterNodeOptions::default()
+        },
+    )?;
+    remove_private_image()?;
+    create_pull_secret(&node, SECRET, REGISTRY_PASSWORD)?;
+    // Both pull under `Always`: the second pull waits for the first one's slot.
+    for pod in ["first", "second"] {
+        node.apply(&private_pod(pod, node.node(), "Always", &[SECRET]))?;
+    }
+    check_pulled(&node, "first")?;
+    check_pulled(&node, "second")
+}
+
+#[test]
+fn a_pull_over_the_registry_rate_is_err_image_pull() -> Result<()> {
+    let test = "a_pull_over_the_registry_rate_is_err_image_pull";
+    let Some(cluster) = require(test) else {
+        return Ok(());
+    };
+    // With a zero burst the kubelet's token bucket never holds a token: every pull is over the
+    // rate, whenever it comes.
+    let node = ClusterNode::start(
+        test,
+        &cluster,
+        ClusterNodeOptions {
+            args: vec![
+                "--registry-qps=1".to_owned(),
+                "--registry-burst=0".to_owned(),
+            ],
+            ..ClusterNodeOptions::default()
+        },
+    )?;
+    node.apply(&private_pod("over-rate", node.node(), "Always", &[]))?;
+    // The back-off after it is any failed pull's (the tests above follow it).
+    let pod = node.wait_api_pod("over-rate", "in ErrImagePull", START, |pod| {
+        waiting(pod).is_some_and(|(reason, _)| reason == "ErrImagePull")
+    })?;
+    assert_eq!(
+        waiting(&pod).map(|(_, message)| message).as_deref(),
+        Some("pull QPS exceeded")
+    );
+    let events = wait_for("the Failed event", START, || {
+        let events = events(&node, "over-rate").ok()?;
+        has_event(&events, "Failed", |m| {
+            m == format!("Failed to pull image \"{PRIVATE_IMAGE}\": pull QPS exceeded")
+        })
+        .then_some(events)
+    })?;
+    assert!(
+        !has_event(&events, "Pulled", |_| true),
+        "nothing was pulled: {events:#?}"
+    );
+    Ok(())
 }

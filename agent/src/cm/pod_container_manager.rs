@@ -1,6 +1,8 @@
-//! Pod cgroups under per-QoS parents: created before the sandbox runs, removed after it is gone,
-//! listed for orphan cleanup, processes of nothing the runtime reports killed (the kubelet's
-//! `pod_container_manager_linux.go` and `qos_container_manager_linux.go`, with `cgroupsPerQOS`).
+//! Pod cgroups under per-QoS parents: created before the sandbox runs (with `podPidsLimit` as
+//! their `pids.max`), removed after it is gone, listed for orphan cleanup, processes of nothing
+//! the runtime reports killed (the kubelet's `pod_container_manager_linux.go` and
+//! `qos_container_manager_linux.go`, with `cgroupsPerQOS`); the node allocatable limits written to
+//! the pods' top cgroup and the reserved cgroups (`node_container_manager_linux.go`).
 //!
 //! All operations are blocking filesystem calls on cgroupfs (a few `mkdir`/`rmdir` per hierarchy);
 //! callers on the async core run them with `spawn_blocking`.
@@ -19,6 +21,7 @@ use nix::unistd::Pid;
 use super::CmError;
 use super::cgroup_name::{CgroupName, unescape_systemd};
 use super::qos::{QosClass, qos_class};
+use super::resource_config::{self, ResourceConfig};
 use crate::apis::config::{CgroupDriver, KubeletConfiguration};
 use crate::container::PodUid;
 use crate::mountinfo;
@@ -98,6 +101,8 @@ pub struct PodContainerManager {
     root: CgroupName,
     driver: CgroupDriver,
     cgroups_per_qos: bool,
+    /// `podPidsLimit` when it limits anything (above 0).
+    pod_pids_limit: Option<i64>,
     hierarchies: Hierarchies,
 }
 
@@ -113,17 +118,26 @@ impl PodContainerManager {
             root: CgroupName::parse(cgroup_root, driver),
             driver,
             cgroups_per_qos,
+            pod_pids_limit: None,
             hierarchies: Hierarchies::detect()?,
         })
     }
 
-    /// A manager configured by `cgroupRoot`, `cgroupDriver` and `cgroupsPerQOS`.
+    /// A manager configured by `cgroupRoot`, `cgroupDriver`, `cgroupsPerQOS` and `podPidsLimit`.
     pub fn from_config(config: &KubeletConfiguration) -> Result<Self, CmError> {
-        Self::new(
+        Ok(Self::new(
             &config.cgroup_root,
             config.cgroup_driver,
             config.cgroups_per_qos,
-        )
+        )?
+        .with_pod_pids_limit(config.resources.pod_pids_limit))
+    }
+
+    /// The `pids.max` of new pod cgroups; 0 or less (the kubelet's -1 default) sets none.
+    #[must_use]
+    pub fn with_pod_pids_limit(mut self, limit: i64) -> Self {
+        self.pod_pids_limit = (limit > 0).then_some(limit);
+        self
     }
 
     pub fn driver(&self) -> CgroupDriver {
@@ -173,8 +187,8 @@ impl PodContainerManager {
         Ok(self.cgroup_parent_for(&pod_uid(pod)?, qos_class(pod)))
     }
 
-    /// Creates the pod's `QoS` parent and pod cgroup in every hierarchy (no-op when they exist or
-    /// `cgroupsPerQOS` is off).
+    /// Creates the pod's `QoS` parent and pod cgroup in every hierarchy, the pod cgroup with the
+    /// `podPidsLimit` (no-op when they exist or `cgroupsPerQOS` is off).
     pub fn ensure_exists(&self, pod: &Pod) -> Result<(), CmError> {
         self.ensure_pod_cgroup(&pod_uid(pod)?, qos_class(pod))
     }
@@ -185,10 +199,27 @@ impl PodContainerManager {
             return Ok(());
         }
         let name = self.pod_cgroup_name(uid, qos);
+        let relative = name.relative_path(self.driver);
         // The pod cgroup implies its parents: a running pod's sync checks one path per hierarchy.
-        if self.exists_everywhere(&name.relative_path(self.driver)) {
+        // As in the kubelet, its settings are written only when it is created.
+        if self.exists_everywhere(&relative) {
             return Ok(());
         }
+        self.create_levels(&name)?;
+        if let Some(limit) = self.pod_pids_limit {
+            resource_config::apply(
+                &relative,
+                &ResourceConfig {
+                    pids_max: Some(limit),
+                    ..ResourceConfig::default()
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Creates `name` and its missing parents in every hierarchy.
+    fn create_levels(&self, name: &CgroupName) -> Result<(), CmError> {
         // Level by level, so cgroups-rs initialises every new v1 cpuset parent before its child.
         for depth in 1..=name.components().len() {
             let level = CgroupName::new(name.components()[..depth].to_vec());
@@ -213,6 +244,36 @@ impl PodContainerManager {
             }
         }
         Ok(())
+    }
+
+    /// The pods' top cgroup as the driver spells it (`/kubepods`, `/kubepods.slice`).
+    pub fn pods_cgroup_path(&self) -> String {
+        self.root.child(KUBEPODS).to_driver_path(self.driver)
+    }
+
+    /// Creates the pods' top cgroup if needed and writes the node allocatable `config` to it.
+    pub fn enforce_pods_cgroup(&self, config: &ResourceConfig) -> Result<(), CmError> {
+        let kubepods = self.root.child(KUBEPODS);
+        self.create_levels(&kubepods)?;
+        resource_config::apply(&kubepods.relative_path(self.driver), config)
+    }
+
+    /// Writes `config` to `cgroup` (a `systemReservedCgroup` or `kubeReservedCgroup`, spelled as
+    /// the driver spells names), which must already exist in every controller hierarchy.
+    pub fn enforce_existing(&self, cgroup: &str, config: &ResourceConfig) -> Result<(), CmError> {
+        let relative = CgroupName::parse(cgroup, self.driver).relative_path(self.driver);
+        let exists = self
+            .hierarchies
+            .roots
+            .iter()
+            .filter(|root| Some(*root) != self.hierarchies.unified.as_ref())
+            .all(|root| root.join(&relative).is_dir());
+        if !exists {
+            return Err(CmError::CgroupMissing {
+                path: cgroup.to_owned(),
+            });
+        }
+        resource_config::apply(&relative, config)
     }
 
     /// Whether the pod cgroup exists in every hierarchy (always true with `cgroupsPerQOS` off).

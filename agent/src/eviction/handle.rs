@@ -1,7 +1,8 @@
 //! The eviction manager's state as the rest of the agent sees it (the kubelet's eviction
 //! `Manager` interface: `IsUnderMemoryPressure` and friends, and the admit handler's `Admit`), and
 //! the status an evicted pod keeps (the kubelet's `killPodNow` status function): phase `Failed`,
-//! reason `Evicted`, the eviction message and a `DisruptionTarget` condition.
+//! reason `Evicted`, the eviction message and a `DisruptionTarget` condition. The node shutdown
+//! manager records the pods it stops here too, with its own reason and message.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,14 +33,18 @@ pub struct EvictionHandle {
 #[derive(Debug)]
 struct Shared {
     conditions: watch::Sender<BTreeSet<PressureCondition>>,
-    /// The pods evicted and the message each was evicted with.
+    /// The pods evicted (or terminated by the node shutdown) and why.
     evicted: Mutex<HashMap<PodUid, Evicted>>,
 }
 
 #[derive(Debug, Clone)]
 struct Evicted {
+    reason: String,
     message: String,
     at: Time,
+    /// A pod that already succeeded stays `Succeeded` (the node shutdown's status function); an
+    /// evicted pod turns `Failed` whatever it was.
+    keeps_succeeded: bool,
 }
 
 impl Default for EvictionHandle {
@@ -121,19 +126,37 @@ impl EvictionHandle {
 
     pub(super) fn mark_evicted(&self, uid: PodUid, message: String) {
         let evicted = Evicted {
+            reason: REASON.to_owned(),
             message,
             at: Time(crate::status::wall_clock_now()),
+            keeps_succeeded: false,
         };
         self.evicted().insert(uid, evicted);
     }
 
-    /// Makes `status` the status of an evicted pod when `uid` was evicted; returns whether it was.
+    /// Records that the kubelet itself stops the pod for `reason` (the node shutdown manager's
+    /// `Terminated`): from the kill on its status is `Failed` (unless it had succeeded) with the
+    /// reason, the message and the same `DisruptionTarget` condition as an evicted pod's.
+    pub fn mark_terminated_by_kubelet(&self, uid: PodUid, reason: &str, message: String) {
+        let terminated = Evicted {
+            reason: reason.to_owned(),
+            message,
+            at: Time(crate::status::wall_clock_now()),
+            keeps_succeeded: true,
+        };
+        self.evicted().insert(uid, terminated);
+    }
+
+    /// Makes `status` the status of an evicted pod when `uid` was evicted (or terminated by the
+    /// node shutdown); returns whether it was.
     pub fn apply_eviction(&self, uid: &PodUid, status: &mut ApiPodStatus) -> bool {
         let Some(evicted) = self.evicted().get(uid).cloned() else {
             return false;
         };
-        status.phase = Some("Failed".to_owned());
-        status.reason = Some(REASON.to_owned());
+        if !(evicted.keeps_succeeded && status.phase.as_deref() == Some("Succeeded")) {
+            status.phase = Some("Failed".to_owned());
+        }
+        status.reason = Some(evicted.reason.clone());
         status.message = Some(evicted.message.clone());
         let conditions = status.conditions.get_or_insert_with(Vec::new);
         conditions.retain(|c| c.type_ != DISRUPTION_TARGET);
@@ -255,5 +278,37 @@ mod tests {
         handle.retain_evicted(|_| false);
         let mut fresh = ApiPodStatus::default();
         assert!(!handle.apply_eviction(&uid, &mut fresh));
+    }
+
+    #[test]
+    fn a_pod_terminated_by_the_kubelet_gets_its_reason_and_keeps_a_success() {
+        let handle = EvictionHandle::default();
+        let (running, succeeded) = (PodUid::from("running"), PodUid::from("succeeded"));
+        let message = "Pod was terminated in response to imminent node shutdown.";
+        for uid in [&running, &succeeded] {
+            handle.mark_terminated_by_kubelet(uid.clone(), "Terminated", message.to_owned());
+        }
+        let mut status = ApiPodStatus {
+            phase: Some("Running".to_owned()),
+            ..ApiPodStatus::default()
+        };
+        assert!(handle.apply_eviction(&running, &mut status));
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("Terminated"));
+        assert_eq!(status.message.as_deref(), Some(message));
+        let conditions = status.conditions.unwrap();
+        assert_eq!(conditions[0].type_, "DisruptionTarget");
+        assert_eq!(
+            conditions[0].reason.as_deref(),
+            Some("TerminationByKubelet")
+        );
+        assert_eq!(conditions[0].message.as_deref(), Some(message));
+        let mut done = ApiPodStatus {
+            phase: Some("Succeeded".to_owned()),
+            ..ApiPodStatus::default()
+        };
+        assert!(handle.apply_eviction(&succeeded, &mut done));
+        assert_eq!(done.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(done.reason.as_deref(), Some("Terminated"));
     }
 }

@@ -2,8 +2,9 @@
 //! `Start`, `synchronize`, `reclaimNodeLevelResources`, `evictPod`, `waitForPodsCleanup`): every
 //! monitoring period, and at once when the kernel reports memory usage crossing a threshold, it
 //! observes the signals, updates the pressure conditions, and when a threshold has been met for
-//! its grace period reclaims node-level resources (disk only) and otherwise evicts one pod, then
-//! waits for that pod to be cleaned up before the next round.
+//! its grace period reclaims node-level resources (disk only: dead containers, then unused
+//! images) and, when a threshold is still met after that, evicts one pod, then waits for that pod
+//! to be cleaned up before the next round.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -21,7 +22,8 @@ use super::rank::{Candidate, rank};
 use super::signals::{PressureCondition, Signal, Threshold};
 use super::thresholds::{
     Observations, conditions_last_observed_at, conditions_observed_since, first_observed_at,
-    merge_thresholds, met_grace_period, node_conditions, reclaim_first, thresholds_met,
+    merge_thresholds, met_grace_period, node_conditions, reclaim_first, reclaims_node_level,
+    thresholds_met,
 };
 use crate::container::PodUid;
 use crate::events::{EventObject, EventType, Recorder};
@@ -79,6 +81,9 @@ pub trait EvictionHost: Send + Sync {
 #[async_trait]
 pub trait ImageReclaimer: Send + Sync {
     async fn delete_unused_images(&self) -> Result<(), String>;
+    /// Whether images live on another filesystem than the node's (the kubelet's
+    /// `HasDedicatedImageFs`).
+    async fn has_dedicated_image_fs(&self) -> Result<bool, String>;
 }
 
 /// What the manager remembers between rounds.
@@ -89,6 +94,8 @@ struct State {
     conditions_last_observed: BTreeMap<PressureCondition, Instant>,
     notifiers: Vec<ThresholdNotifier>,
     notifiers_refreshed: Option<Instant>,
+    /// Learnt once, as the kubelet does; `None` until it could be.
+    dedicated_image_fs: Option<bool>,
 }
 
 /// One round's readings.
@@ -251,7 +258,11 @@ impl EvictionManager {
             THRESHOLD_MET_EVENT,
             format!("Attempting to reclaim {resource}"),
         );
-        if self.reclaim_node_level(threshold.signal, &active).await {
+        let dedicated_image_fs = self.dedicated_image_fs().await;
+        if self
+            .reclaim_node_level(threshold.signal, dedicated_image_fs, &active)
+            .await
+        {
             tracing::info!(
                 resource,
                 "eviction manager: able to reduce resource pressure without evicting pods"
@@ -287,10 +298,42 @@ impl EvictionManager {
         acting
     }
 
-    /// Frees what the node itself holds (disk only: dead containers, then unused images) and
-    /// says whether every threshold is then resolved.
-    async fn reclaim_node_level(&self, signal: Signal, active: &[ActivePod]) -> bool {
-        if matches!(signal, Signal::MemoryAvailable | Signal::PidAvailable) {
+    /// Whether the image filesystem is its own device; without an image reclaimer, or until
+    /// that can be read, the node and image filesystems count as one (the reclaim covering
+    /// both).
+    async fn dedicated_image_fs(&mut self) -> bool {
+        if let Some(known) = self.state.dedicated_image_fs {
+            return known;
+        }
+        let Some(images) = &self.images else {
+            return false;
+        };
+        match images.has_dedicated_image_fs().await {
+            Ok(known) => {
+                tracing::info!(
+                    dedicated_image_fs = known,
+                    "eviction manager: image filesystem detected"
+                );
+                self.state.dedicated_image_fs = Some(known);
+                known
+            }
+            Err(err) => {
+                tracing::warn!("eviction manager: cannot tell the image filesystem apart: {err}");
+                false
+            }
+        }
+    }
+
+    /// `reclaimNodeLevelResources`: frees what the node itself holds for `signal` (dead
+    /// containers, then unused images) and says whether every threshold is then resolved, read
+    /// afresh and ignoring grace periods; `false` when the signal has nothing to reclaim.
+    async fn reclaim_node_level(
+        &self,
+        signal: Signal,
+        dedicated_image_fs: bool,
+        active: &[ActivePod],
+    ) -> bool {
+        if !reclaims_node_level(signal, dedicated_image_fs) {
             return false;
         }
         self.host.delete_all_unused_containers().await;
@@ -421,6 +464,8 @@ mod tests {
     struct FakeHost {
         pods: Vec<ActivePod>,
         killed: Mutex<Vec<(String, i64)>>,
+        /// Every reclaim and kill, in order.
+        steps: Mutex<Vec<String>>,
     }
 
     #[async_trait]
@@ -430,6 +475,7 @@ mod tests {
         }
         fn kill(&self, pod: Arc<Pod>, grace_period_seconds: i64) {
             let name = pod.metadata.name.clone().unwrap();
+            self.steps.lock().unwrap().push(format!("kill {name}"));
             self.killed
                 .lock()
                 .unwrap()
@@ -441,7 +487,32 @@ mod tests {
         fn is_known(&self, _: &PodUid) -> bool {
             true
         }
-        async fn delete_all_unused_containers(&self) {}
+        async fn delete_all_unused_containers(&self) {
+            self.steps.lock().unwrap().push("containers".to_owned());
+        }
+    }
+
+    /// An image garbage collector that logs into the host's steps; deleting images may make the
+    /// node filesystem unreadable, which stands in for space freed (a signal that is not
+    /// observed meets no threshold, as in the kubelet's `thresholdsMet`).
+    struct FakeImages {
+        host: Arc<FakeHost>,
+        dedicated: bool,
+        frees: Option<std::path::PathBuf>,
+    }
+
+    #[async_trait]
+    impl ImageReclaimer for FakeImages {
+        async fn delete_unused_images(&self) -> Result<(), String> {
+            self.host.steps.lock().unwrap().push("images".to_owned());
+            if let Some(root) = &self.frees {
+                std::fs::remove_dir_all(root).unwrap();
+            }
+            Ok(())
+        }
+        async fn has_dedicated_image_fs(&self) -> Result<bool, String> {
+            Ok(self.dedicated)
+        }
     }
 
     fn write_memory_cgroup(mount: &Path, cgroup: &str, usage: u64) {
@@ -602,5 +673,104 @@ mod tests {
             handle.conditions().is_empty(),
             "the transition period is over"
         );
+    }
+
+    /// A manager with one hard threshold on `signal` that is always met while the node
+    /// filesystem (a directory of `dir`) can be read, and one best-effort pod.
+    fn disk_manager(
+        dir: &Path,
+        signal: Signal,
+        dedicated: bool,
+        frees: bool,
+    ) -> (EvictionManager, Arc<FakeHost>) {
+        let mount = dir.join("memory");
+        write_memory_cgroup(&mount, "/", 0);
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let host = Arc::new(FakeHost {
+            pods: vec![pod(&mount, "disk-user", 0, None)],
+            ..FakeHost::default()
+        });
+        let layout = CgroupLayout::V1 {
+            cpuacct: dir.join("cpuacct"),
+            memory: mount,
+        };
+        let mut stats_settings = StatsSettings::new("node", layout.clone());
+        stats_settings.proc_root = dir.join("proc");
+        stats_settings.root_dir.clone_from(&root);
+        stats_settings.pod_log_root = dir.join("logs");
+        // No containerd root: the image filesystem is observed as the node's.
+        stats_settings.containerd_root = dir.join("containerd");
+        let manager = EvictionManager::new(
+            EvictionSettings {
+                thresholds: vec![Threshold {
+                    signal,
+                    value: ThresholdValue::Quantity {
+                        amount: i64::MAX,
+                        binary: true,
+                    },
+                    grace_period: Duration::ZERO,
+                    min_reclaim: None,
+                }],
+                pressure_transition_period: Duration::from_secs(30),
+                max_pod_grace_period_seconds: 0,
+                monitoring_period: DEFAULT_MONITORING_PERIOD,
+            },
+            EvictionHandle::default(),
+            Arc::clone(&host) as Arc<dyn EvictionHost>,
+            StatsProvider::new(stats_settings),
+            layout,
+            Recorder::new(None),
+            "node".to_owned(),
+        )
+        .with_image_reclaimer(Arc::new(FakeImages {
+            host: Arc::clone(&host),
+            dedicated,
+            frees: frees.then_some(root),
+        }));
+        (manager, host)
+    }
+
+    fn steps(host: &FakeHost) -> Vec<String> {
+        host.steps.lock().unwrap().clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn disk_pressure_reclaims_containers_and_images_and_evicts_nobody_when_that_resolves_it()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut manager, host) = disk_manager(dir.path(), Signal::NodeFsAvailable, false, true);
+        assert_eq!(manager.synchronize().await, None);
+        assert_eq!(steps(&host), ["containers", "images"]);
+        assert_eq!(
+            manager.handle.conditions(),
+            std::collections::BTreeSet::from([PressureCondition::Disk])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn disk_pressure_still_met_after_the_reclaim_evicts_a_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        for signal in [Signal::NodeFsAvailable, Signal::ImageFsInodesFree] {
+            let (mut manager, host) = disk_manager(dir.path(), signal, false, false);
+            assert_eq!(manager.synchronize().await, Some(PodUid::from("disk-user")));
+            assert_eq!(
+                steps(&host),
+                ["containers", "images", "kill disk-user"],
+                "{signal:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_dedicated_image_filesystem_only_image_pressure_reclaims() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut manager, host) = disk_manager(dir.path(), Signal::NodeFsAvailable, true, true);
+        assert_eq!(manager.synchronize().await, Some(PodUid::from("disk-user")));
+        assert_eq!(steps(&host), ["kill disk-user"]);
+
+        let (mut manager, host) = disk_manager(dir.path(), Signal::ImageFsAvailable, true, true);
+        assert_eq!(manager.synchronize().await, None);
+        assert_eq!(steps(&host), ["containers", "images"]);
     }
 }

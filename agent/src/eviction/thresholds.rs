@@ -1,7 +1,8 @@
 //! Which thresholds are met and which node conditions hold (the kubelet's `thresholdsMet`,
 //! `mergeThresholds`, `thresholdsFirstObservedAt`, `thresholdsMetGracePeriod`, `nodeConditions`,
-//! `nodeConditionsLastObservedAt` and `nodeConditionsObservedSince` in
-//! `pkg/kubelet/eviction/helpers.go`), as pure functions of observations and time.
+//! `nodeConditionsLastObservedAt`, `nodeConditionsObservedSince` and
+//! `buildSignalToNodeReclaimFuncs` in `pkg/kubelet/eviction/helpers.go`), as pure functions of
+//! observations and time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -121,6 +122,19 @@ pub fn reclaim_first(met: &[Threshold]) -> Option<&Threshold> {
         .or_else(|| met.first())
 }
 
+/// Whether pressure on `signal` first reclaims node-level resources (dead containers, then
+/// unused images) before pods are evicted. Memory and process ids have nothing to reclaim. With
+/// a dedicated image filesystem the node filesystem has nothing either (images and containers'
+/// writable layers live on the image filesystem); otherwise both filesystems are one device and
+/// share the reclaim.
+pub fn reclaims_node_level(signal: Signal, dedicated_image_fs: bool) -> bool {
+    match signal {
+        Signal::MemoryAvailable | Signal::PidAvailable => false,
+        Signal::NodeFsAvailable | Signal::NodeFsInodesFree => !dedicated_image_fs,
+        Signal::ImageFsAvailable | Signal::ImageFsInodesFree => true,
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -233,5 +247,19 @@ mod tests {
             merge_thresholds(vec![disk.clone()], vec![mem.clone(), disk.clone()]),
             [disk, mem]
         );
+    }
+
+    #[test]
+    fn disk_signals_reclaim_on_the_filesystem_that_holds_images() {
+        for dedicated in [false, true] {
+            assert!(!reclaims_node_level(Signal::MemoryAvailable, dedicated));
+            assert!(!reclaims_node_level(Signal::PidAvailable, dedicated));
+            assert!(reclaims_node_level(Signal::ImageFsAvailable, dedicated));
+            assert!(reclaims_node_level(Signal::ImageFsInodesFree, dedicated));
+        }
+        assert!(reclaims_node_level(Signal::NodeFsAvailable, false));
+        assert!(reclaims_node_level(Signal::NodeFsInodesFree, false));
+        assert!(!reclaims_node_level(Signal::NodeFsAvailable, true));
+        assert!(!reclaims_node_level(Signal::NodeFsInodesFree, true));
     }
 }

@@ -1,7 +1,8 @@
 //! Image garbage collection's view of a CRI runtime (what the kubelet's image GC reads through
 //! `container.Runtime` and the CRI stats provider's `ImageFsStats`): images, the images every
 //! container and the sandboxes use, removal, and the image filesystem's capacity from `statvfs`
-//! of the mountpoint `ImageFsInfo` reports (cadvisor's `GetDirFsInfo`).
+//! of the mountpoint `ImageFsInfo` reports (cadvisor's `GetDirFsInfo`), and that filesystem's
+//! device.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -44,6 +45,23 @@ impl CriImageGcRuntime {
             .await
             .map_err(ImageGcError::SandboxImage)?;
         Ok(status.map(|image| image.id))
+    }
+
+    /// Where the image filesystem is mounted, per CRI `ImageFsInfo`.
+    async fn image_fs_mountpoint(&self) -> Result<String, ImageGcError> {
+        let info = self
+            .cri
+            .image_fs_info()
+            .await
+            .map_err(ImageGcError::FsInfo)?;
+        // Like the kubelet, only the first image filesystem counts.
+        info.image_filesystems
+            .into_iter()
+            .next()
+            .and_then(|fs| fs.fs_id)
+            .map(|id| id.mountpoint)
+            .filter(|mountpoint| !mountpoint.is_empty())
+            .ok_or(ImageGcError::NoImageFs)
     }
 }
 
@@ -106,20 +124,7 @@ impl ImageGcRuntime for CriImageGcRuntime {
     }
 
     async fn image_fs(&self) -> Result<FsCapacity, ImageGcError> {
-        let info = self
-            .cri
-            .image_fs_info()
-            .await
-            .map_err(ImageGcError::FsInfo)?;
-        // Like the kubelet, only the first image filesystem counts.
-        let mountpoint = info
-            .image_filesystems
-            .into_iter()
-            .next()
-            .and_then(|fs| fs.fs_id)
-            .map(|id| id.mountpoint)
-            .filter(|mountpoint| !mountpoint.is_empty())
-            .ok_or(ImageGcError::NoImageFs)?;
+        let mountpoint = self.image_fs_mountpoint().await?;
         let path = PathBuf::from(&mountpoint);
         let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(&path))
             .await
@@ -135,6 +140,11 @@ impl ImageGcRuntime for CriImageGcRuntime {
             capacity: stat.f_blocks.saturating_mul(stat.f_frsize),
             available: stat.f_bavail.saturating_mul(stat.f_frsize),
         })
+    }
+
+    async fn image_fs_device(&self) -> Result<u64, ImageGcError> {
+        let mountpoint = self.image_fs_mountpoint().await?;
+        super::device_of(PathBuf::from(mountpoint)).await
     }
 }
 

@@ -14,24 +14,36 @@
 //! An image is in use while any container the runtime lists, running or not, refers to it; the
 //! runtime's sandbox image and images the runtime pins are never removed. Images present when the
 //! agent starts count as detected in the unknown past, as the kubelet's initial detection does.
+//!
+//! Eviction reaches the manager through its [`ImageGcHandle`] to reclaim disk (the kubelet's
+//! `DeleteUnusedImages`): every unused image old enough is removed at once, whatever the usage and
+//! even when periodic collection is off; and to learn whether the images have a filesystem of
+//! their own (`HasDedicatedImageFs`), which decides what disk pressure reclaims.
+//!
+//! [`ImagePuller`] (in `puller`) limits how many pulls run at once and how often they start.
 
 mod cri;
+mod puller;
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 
 pub use cri::CriImageGcRuntime;
+pub use puller::{ImagePuller, PullLimitError, PullPermit};
 
 use crate::apis::config::ImageGcSettings;
 use crate::error_chain::error_chain;
 use crate::events::{EventObject, EventType, Recorder};
+use crate::eviction::ImageReclaimer;
 use crate::kuberuntime::CriError;
 
 /// The kubelet's event reasons (`pkg/kubelet/events`).
@@ -66,6 +78,14 @@ pub enum ImageGcError {
     },
     #[error("invalid capacity 0 on image filesystem")]
     ZeroCapacity,
+    #[error("reading the device of {path}")]
+    Stat {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the image garbage collector is not running")]
+    Stopped,
     #[error(
         "failed to garbage collect required amount of images: attempted to free {wanted} bytes, \
          but only found {freed} bytes eligible to free"
@@ -107,6 +127,8 @@ pub trait ImageGcRuntime: Send + Sync {
     async fn images_in_use(&self) -> Result<HashSet<String>, ImageGcError>;
     async fn remove_image(&self, id: &str) -> Result<(), ImageGcError>;
     async fn image_fs(&self) -> Result<FsCapacity, ImageGcError>;
+    /// The device (`st_dev`) of the image filesystem.
+    async fn image_fs_device(&self) -> Result<u64, ImageGcError>;
 }
 
 /// The collection policy (`ImageGCPolicy`), from the configuration.
@@ -173,9 +195,15 @@ impl Reason {
     }
 }
 
+/// A request to delete every unused image now, and where its answer goes (the bytes freed).
+type DeleteRequest = oneshot::Sender<Result<u64, ImageGcError>>;
+
 /// Owns the image records and collects on its period.
 pub struct ImageGcManager {
     runtime: Arc<dyn ImageGcRuntime>,
+    requests: mpsc::Receiver<DeleteRequest>,
+    /// Kept for [`handle`](Self::handle); as the manager holds one, `requests` never closes.
+    request_sender: mpsc::Sender<DeleteRequest>,
     policy: ImageGcPolicy,
     recorder: Recorder,
     node_name: String,
@@ -194,8 +222,12 @@ impl ImageGcManager {
         recorder: Recorder,
         node_name: String,
     ) -> Self {
+        // One request at a time is all eviction makes; more wait for room.
+        let (request_sender, requests) = mpsc::channel(1);
         Self {
             runtime,
+            requests,
+            request_sender,
             policy,
             recorder,
             node_name,
@@ -206,30 +238,60 @@ impl ImageGcManager {
         }
     }
 
-    /// Collects now and then every period, for ever; returns at once when the policy can never
-    /// collect anything.
-    pub async fn run(mut self) {
-        if self.policy.is_off() {
-            tracing::info!(
-                "imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage collection is off"
-            );
-            return;
+    /// A handle for eviction; `root_dir` is the agent's root directory, whose filesystem is the
+    /// node filesystem.
+    pub fn handle(&self, root_dir: PathBuf) -> ImageGcHandle {
+        ImageGcHandle {
+            requests: self.request_sender.clone(),
+            runtime: Arc::clone(&self.runtime),
+            root_dir,
         }
-        tracing::info!(
-            high_threshold_percent = self.policy.high_threshold_percent,
-            low_threshold_percent = self.policy.low_threshold_percent,
-            minimum_age = ?self.policy.minimum_age,
-            maximum_age = ?self.policy.maximum_age,
-            period = ?self.policy.period,
-            "image garbage collection started"
-        );
+    }
+
+    /// Collects now and then every period, for ever, and deletes unused images when a handle
+    /// asks; when the policy can never collect anything, only does the latter.
+    pub async fn run(mut self) {
+        let collecting = !self.policy.is_off();
+        if collecting {
+            tracing::info!(
+                high_threshold_percent = self.policy.high_threshold_percent,
+                low_threshold_percent = self.policy.low_threshold_percent,
+                minimum_age = ?self.policy.minimum_age,
+                maximum_age = ?self.policy.maximum_age,
+                period = ?self.policy.period,
+                "image garbage collection started"
+            );
+        } else {
+            tracing::info!(
+                "imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage \
+                 collection is off (eviction still deletes unused images under disk pressure)"
+            );
+        }
         self.began = Instant::now();
         let mut ticker = tokio::time::interval(self.policy.period);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
-            ticker.tick().await;
-            self.round().await;
+            tokio::select! {
+                _ = ticker.tick(), if collecting => self.round().await,
+                Some(reply) = self.requests.recv() => {
+                    // The asker may have given up; the images are gone all the same.
+                    let _ = reply.send(self.delete_unused_images().await);
+                }
+            }
         }
+    }
+
+    /// `DeleteUnusedImages`: removes every unused image past the minimum age, least recently
+    /// used first. Returns the bytes freed.
+    async fn delete_unused_images(&mut self) -> Result<u64, ImageGcError> {
+        tracing::info!("attempting to delete unused images");
+        if !self.initialized {
+            self.detect(None).await?;
+            self.initialized = true;
+        }
+        let free_time = Instant::now();
+        let candidates = self.eviction_order(free_time).await?;
+        self.free_space(u64::MAX, free_time, &candidates).await
     }
 
     /// One period: the initial detection while none succeeded, then a collection, with the
@@ -461,4 +523,66 @@ fn aggregate(mut errors: Vec<ImageGcError>, wanted: u64, freed: u64) -> Result<(
         failed,
         first: Box::new(first),
     })
+}
+
+/// Eviction's way to the image garbage collector (the kubelet hands its `ImageGC` and the stats
+/// provider's `HasDedicatedImageFs` to the eviction manager).
+#[derive(Clone)]
+pub struct ImageGcHandle {
+    requests: mpsc::Sender<DeleteRequest>,
+    runtime: Arc<dyn ImageGcRuntime>,
+    root_dir: PathBuf,
+}
+
+impl ImageGcHandle {
+    /// Asks the manager to delete every unused image now and waits for it. Returns the bytes
+    /// freed.
+    pub async fn delete_unused_images(&self) -> Result<u64, ImageGcError> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(reply)
+            .await
+            .map_err(|_| ImageGcError::Stopped)?;
+        answer.await.map_err(|_| ImageGcError::Stopped)?
+    }
+
+    /// Whether the image filesystem is another device than the root directory's, as the kubelet
+    /// compares the image filesystem's device with the root filesystem's.
+    pub async fn has_dedicated_image_fs(&self) -> Result<bool, ImageGcError> {
+        let image_fs = self.runtime.image_fs_device().await?;
+        let root_dir = self.root_dir.clone();
+        let root_fs = device_of(root_dir).await?;
+        Ok(image_fs != root_fs)
+    }
+}
+
+/// The device (`st_dev`) of the filesystem holding `path`.
+async fn device_of(path: PathBuf) -> Result<u64, ImageGcError> {
+    let stat_error = |path: &PathBuf, source: std::io::Error| ImageGcError::Stat {
+        path: path.display().to_string(),
+        source,
+    };
+    let probe = path.clone();
+    let stat = tokio::task::spawn_blocking(move || rustix::fs::stat(&probe))
+        .await
+        .map_err(|join| stat_error(&path, std::io::Error::other(join)))?
+        .map_err(|errno| stat_error(&path, errno.into()))?;
+    Ok(stat.st_dev)
+}
+
+#[async_trait]
+impl ImageReclaimer for ImageGcHandle {
+    async fn delete_unused_images(&self) -> Result<(), String> {
+        let freed = ImageGcHandle::delete_unused_images(self)
+            .await
+            .map_err(|err| error_chain(&err))?;
+        tracing::info!(freed, "eviction manager: deleted unused images");
+        Ok(())
+    }
+
+    async fn has_dedicated_image_fs(&self) -> Result<bool, String> {
+        ImageGcHandle::has_dedicated_image_fs(self)
+            .await
+            .map_err(|err| error_chain(&err))
+    }
 }

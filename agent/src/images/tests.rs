@@ -20,6 +20,7 @@ struct FakeState {
     other: u64,
     removed: Vec<String>,
     refuse_removal: HashSet<String>,
+    device: u64,
 }
 
 impl FakeRuntime {
@@ -89,6 +90,10 @@ impl ImageGcRuntime for FakeRuntime {
             capacity: state.capacity,
             available: state.capacity.saturating_sub(used),
         })
+    }
+
+    async fn image_fs_device(&self) -> Result<u64, ImageGcError> {
+        Ok(self.state.lock().unwrap().device)
     }
 }
 
@@ -292,6 +297,68 @@ async fn the_manager_collects_every_period_and_not_at_all_when_off() {
             ..policy()
         },
     );
-    manager.run().await;
+    let task = tokio::spawn(manager.run());
+    tokio::time::sleep(Duration::from_hours(1)).await;
     assert!(runtime.removed().is_empty());
+    task.abort();
+}
+
+fn off() -> ImageGcPolicy {
+    ImageGcPolicy {
+        high_threshold_percent: 100,
+        low_threshold_percent: 0,
+        ..policy()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_deletes_unused_images_old_enough_whatever_the_usage_even_with_collection_off() {
+    let runtime = FakeRuntime::new(100 * MIB);
+    runtime.add("old", 10 * MIB);
+    runtime.add("running", 5 * MIB);
+    runtime.add_image("pause", MIB, true);
+    runtime.use_image("running", true);
+    let (manager, _) = gc_manager(&runtime, off());
+    let handle = manager.handle(PathBuf::from("/"));
+    let task = tokio::spawn(manager.run());
+    assert_eq!(handle.delete_unused_images().await.unwrap(), 10 * MIB);
+    assert_eq!(runtime.removed(), ["old"]);
+
+    runtime.add("pulled", 3 * MIB);
+    assert_eq!(
+        handle.delete_unused_images().await.unwrap(),
+        0,
+        "younger than imageMinimumGCAge"
+    );
+    tokio::time::advance(Duration::from_mins(2)).await;
+    assert_eq!(handle.delete_unused_images().await.unwrap(), 3 * MIB);
+    assert_eq!(runtime.removed(), ["old", "pulled"]);
+
+    task.abort();
+    let _ = task.await;
+    assert!(matches!(
+        handle.delete_unused_images().await,
+        Err(ImageGcError::Stopped)
+    ));
+}
+
+#[tokio::test]
+async fn the_image_filesystem_is_dedicated_when_its_device_is_not_the_root_directorys() {
+    let root = tempfile::tempdir().unwrap();
+    let root_device = rustix::fs::stat(root.path()).unwrap().st_dev;
+    let runtime = FakeRuntime::new(100 * MIB);
+    let (manager, _) = gc_manager(&runtime, policy());
+    let handle = manager.handle(root.path().to_owned());
+    runtime.state.lock().unwrap().device = root_device;
+    assert!(!handle.has_dedicated_image_fs().await.unwrap());
+    runtime.state.lock().unwrap().device = root_device + 1;
+    assert!(handle.has_dedicated_image_fs().await.unwrap());
+    let gone = ImageGcHandle {
+        root_dir: root.path().join("missing"),
+        ..handle
+    };
+    assert!(matches!(
+        gone.has_dedicated_image_fs().await,
+        Err(ImageGcError::Stat { .. })
+    ));
 }

@@ -29,6 +29,7 @@ use crate::apiserver::ApiClient;
 use crate::eviction::{EvictionHandle, EvictionHost};
 use crate::lifecycle::{Rejection, SysctlAllowlist, admit};
 use crate::nodelease::NodeLease;
+use crate::nodeshutdown::NodeShutdownHandle;
 use crate::objects::ApiObjects;
 use crate::pod::{MirrorPods, is_mirror_pod};
 use crate::volumes::VolumeManager;
@@ -151,6 +152,8 @@ pub struct Kubelet {
     probe_handle: ProbeHandle,
     /// The eviction manager's state: pressure conditions, admission, evicted pods.
     evictions: EvictionHandle,
+    /// Whether the node is shutting down (graceful node shutdown).
+    shutdown: NodeShutdownHandle,
 }
 
 impl Kubelet {
@@ -207,6 +210,7 @@ impl Kubelet {
         let probe_handle = probe_manager.handle();
         let queue = Arc::new(WorkQueue::default());
         let evictions = EvictionHandle::default();
+        let shutdown = NodeShutdownHandle::default();
         let syncer = Arc::new(KubeletSyncer {
             runtime: Arc::clone(&runtime),
             status: status.clone(),
@@ -248,6 +252,7 @@ impl Kubelet {
             recorder.clone(),
             published_node,
             evictions.clone(),
+            shutdown.clone(),
         );
         Self {
             settings,
@@ -274,6 +279,7 @@ impl Kubelet {
             probes: probe_manager,
             probe_handle,
             evictions,
+            shutdown,
         }
     }
 
@@ -290,6 +296,11 @@ impl Kubelet {
             evictions: self.evictions.clone(),
         };
         (self.evictions.clone(), Arc::new(host))
+    }
+
+    /// Whether the node is shutting down, for the node shutdown manager to set.
+    pub fn shutdown_handle(&self) -> NodeShutdownHandle {
+        self.shutdown.clone()
     }
 
     /// What the HTTP servers need: the core's state plus what `api` adds for the kubelet API.
@@ -507,15 +518,18 @@ impl Kubelet {
         self.housekeeping.request_gc();
     }
 
-    /// The kubelet's admission (`canAdmitPod` with the eviction, sysctl and predicate handlers):
-    /// node pressure, the pod's sysctls, then the predicate against the Node as last computed,
-    /// counting the pods whose workers are still active. Before the first Node is computed only
-    /// the pod count is checked.
+    /// The kubelet's admission (`canAdmitPod` with the eviction, sysctl, node shutdown and
+    /// predicate handlers): node pressure, the pod's sysctls, a shutting-down node, then the
+    /// predicate against the Node as last computed, counting the pods whose workers are still
+    /// active. Before the first Node is computed only the pod count is checked.
     fn admission_failure(&self, pod: &Pod) -> Option<Rejection> {
         if let Err(rejection) = self.evictions.admit(pod) {
             return Some(rejection);
         }
         if let Err(rejection) = self.settings.sysctls.admit(pod) {
+            return Some(rejection);
+        }
+        if let Err(rejection) = self.shutdown.admit() {
             return Some(rejection);
         }
         let uid = pod_uid(pod);

@@ -25,6 +25,7 @@ use crate::apiserver::{ApiClient, is_already_exists, is_not_found};
 use crate::container::Runtime;
 use crate::events::{EventObject, EventType, Recorder};
 use crate::eviction::{EvictionHandle, PressureCondition};
+use crate::nodeshutdown::NodeShutdownHandle;
 use crate::nodestatus::{
     self, MachineInfo, NodeFacts, NodeHealth, StatusUpdate, initial_node, node_status_patch,
     reconcile_existing, status_changed,
@@ -80,6 +81,9 @@ pub struct NodeStatusManager {
     published: watch::Sender<Option<Node>>,
     /// The pressure conditions; a change is reported at once rather than at the next round.
     evictions: EvictionHandle,
+    /// A shutting-down node is not ready; reported at once too (the kubelet's `syncNodeStatus`
+    /// on a shutdown event).
+    shutdown: NodeShutdownHandle,
 }
 
 impl NodeStatusManager {
@@ -95,6 +99,7 @@ impl NodeStatusManager {
         recorder: Recorder,
         published: watch::Sender<Option<Node>>,
         evictions: EvictionHandle,
+        shutdown: NodeShutdownHandle,
     ) -> Self {
         Self {
             settings,
@@ -105,6 +110,7 @@ impl NodeStatusManager {
             recorder,
             published,
             evictions,
+            shutdown,
         }
     }
 
@@ -137,6 +143,7 @@ impl NodeStatusManager {
         self.published.send_replace(Some(node.clone()));
         let mut last_report = Instant::now();
         let mut pressure = self.evictions.subscribe();
+        let mut shutting_down = self.shutdown.subscribe();
         loop {
             let period = if is_ready(&node) {
                 self.settings.node.node_status_update_frequency
@@ -146,6 +153,7 @@ impl NodeStatusManager {
             tokio::select! {
                 () = tokio::time::sleep(period) => {}
                 Ok(()) = pressure.changed() => {}
+                Ok(()) = shutting_down.changed() => {}
             }
             let mut updated = node.clone();
             round.set_status(&mut updated).await;
@@ -395,6 +403,7 @@ impl Round<'_> {
                 pleg_error: manager.pleg.healthy().err(),
                 runtime_error: manager.runtime_state.runtime_error(),
                 network_error: manager.runtime_state.network_error(),
+                shutdown_error: manager.shutdown.status(),
                 memory_pressure: pressure.contains(&PressureCondition::Memory),
                 disk_pressure: pressure.contains(&PressureCondition::Disk),
                 pid_pressure: pressure.contains(&PressureCondition::Pid),

@@ -3,7 +3,8 @@
 //! `makeEnvironmentVariables` of `kubelet_pods.go`): environment (`envFrom` ConfigMaps and Secrets
 //! with their prefix, values with `$(VAR)` expansion, downward-API field and resource references,
 //! ConfigMap and Secret keys, service variables), command and args, resources as cgroup settings,
-//! security context, log path and annotations. ConfigMaps, Secrets and Services are looked up
+//! security context (with the seccomp profile, `RuntimeDefault` for containers that name none when
+//! `seccompDefault` is on), log path and annotations. ConfigMaps, Secrets and Services are looked up
 //! before ([`EnvSources`]), so building the config is pure. An ephemeral container runs as the
 //! container its spec describes (`ephemeralContainerStartSpec`), in the PID namespace of its target
 //! container when it names one.
@@ -18,21 +19,53 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ringlet_proto::runtime::v1 as cri;
 
 use super::labels;
-use crate::cm::{QosClass, parse_quantity, qos_class};
+use crate::cm::{QosClass, milli_cpu_to_quota, milli_cpu_to_shares, parse_quantity, qos_class};
 use crate::container::ContainerId;
 use crate::objects::{ObjectError, ObjectLookup};
 
-/// CFS period the quota is expressed in (100 ms, the kernel's and the kubelet's default).
+/// CFS period the quota is expressed in by default (100 ms, the kernel's and the kubelet's
+/// `cpuCFSQuotaPeriod` default).
 pub const CPU_PERIOD_US: i64 = 100_000;
-const MIN_CPU_SHARES: i64 = 2;
-const MAX_CPU_SHARES: i64 = 262_144;
-const MIN_QUOTA_US: i64 = 1_000;
 const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
+
+/// `cpuCFSQuota` and `cpuCFSQuotaPeriod`: whether a CPU limit becomes a CFS quota, and the period
+/// (in microseconds) the quota is expressed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CfsQuota {
+    pub enforce: bool,
+    pub period_us: i64,
+}
+
+impl Default for CfsQuota {
+    fn default() -> Self {
+        Self {
+            enforce: true,
+            period_us: CPU_PERIOD_US,
+        }
+    }
+}
+
+/// `seccompDefault` and where `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SeccompSettings {
+    /// Containers that name no profile get the runtime's default one instead of none.
+    pub default_to_runtime_default: bool,
+    pub profile_root: PathBuf,
+}
+
+/// The node-wide settings every container's config is built with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerDefaults {
+    pub cpu_cfs_quota: CfsQuota,
+    pub seccomp: SeccompSettings,
+}
 
 /// Why a container's configuration could not be built (`CreateContainerConfigError`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
+    #[error("localhostProfile must be set if seccompProfile type is Localhost.")]
+    MissingLocalhostProfile,
     #[error("container {container:?}: env {var:?} uses {source_kind}, which is not supported")]
     UnsupportedEnvSource {
         container: String,
@@ -149,7 +182,8 @@ pub struct ContainerParams<'a> {
     pub image_id: &'a str,
     pub mounts: Vec<cri::Mount>,
     pub namespaces: cri::NamespaceOption,
-    pub cpu_cfs_quota: bool,
+    /// `cpuCFSQuota`, `cpuCFSQuotaPeriod` and `seccompDefault`.
+    pub defaults: &'a ContainerDefaults,
     /// 0 when unknown; used for the `oom_score_adj` of Burstable pods.
     pub memory_capacity_bytes: u64,
 }
@@ -234,21 +268,23 @@ impl ContainerResources {
     }
 }
 
-/// The cgroup settings of a container (`generateLinuxContainerResources`).
+/// The cgroup settings of a container (`generateLinuxContainerResources`); a CPU limit becomes a
+/// CFS quota over the configured period unless `cpuCFSQuota` is off.
 pub fn linux_resources(
     resources: &ContainerResources,
     qos: QosClass,
-    cpu_cfs_quota: bool,
+    cpu_cfs_quota: CfsQuota,
     memory_capacity_bytes: u64,
 ) -> cri::LinuxContainerResources {
-    let cpu_shares = resources
-        .cpu_request_milli
-        .map_or(MIN_CPU_SHARES, |m| m.saturating_mul(1024) / 1000)
-        .clamp(MIN_CPU_SHARES, MAX_CPU_SHARES);
+    // Without a request, the minimum shares.
+    let cpu_shares = i64::try_from(milli_cpu_to_shares(
+        resources.cpu_request_milli.unwrap_or(0),
+    ))
+    .unwrap_or(i64::MAX);
     let (cpu_period, cpu_quota) = match resources.cpu_limit_milli {
-        Some(milli) if cpu_cfs_quota => (
-            CPU_PERIOD_US,
-            (milli.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_QUOTA_US),
+        Some(milli) if cpu_cfs_quota.enforce => (
+            cpu_cfs_quota.period_us,
+            milli_cpu_to_quota(milli, cpu_cfs_quota.period_us),
         ),
         _ => (0, 0),
     };
@@ -723,10 +759,55 @@ pub fn verify_run_as_non_root(
     }
 }
 
+/// The container's seccomp profile (the kubelet's `getSeccompProfile`): the container's
+/// `seccompProfile`, else the pod's, else `RuntimeDefault` with `seccompDefault` and `Unconfined`
+/// without it. A `Localhost` profile is a file below the profile root.
+fn seccomp_profile(
+    container: &Container,
+    pod: &Pod,
+    settings: &SeccompSettings,
+) -> Result<cri::SecurityProfile, ConfigError> {
+    use cri::security_profile::ProfileType;
+    let from_container = container
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.seccomp_profile.as_ref());
+    let from_pod = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|sc| sc.seccomp_profile.as_ref());
+    let profile = |profile_type: ProfileType, localhost_ref: String| cri::SecurityProfile {
+        profile_type: profile_type.into(),
+        localhost_ref,
+    };
+    let Some(chosen) = from_container.or(from_pod) else {
+        return Ok(if settings.default_to_runtime_default {
+            profile(ProfileType::RuntimeDefault, String::new())
+        } else {
+            profile(ProfileType::Unconfined, String::new())
+        });
+    };
+    Ok(match chosen.type_.as_str() {
+        "RuntimeDefault" => profile(ProfileType::RuntimeDefault, String::new()),
+        "Localhost" => {
+            let name = chosen
+                .localhost_profile
+                .as_deref()
+                .filter(|name| !name.is_empty())
+                .ok_or(ConfigError::MissingLocalhostProfile)?;
+            let path = settings.profile_root.join(name);
+            profile(ProfileType::Localhost, path.to_string_lossy().into_owned())
+        }
+        _ => profile(ProfileType::Unconfined, String::new()),
+    })
+}
+
 fn security_context(
     container: &Container,
     pod: &Pod,
     namespaces: cri::NamespaceOption,
+    seccomp: cri::SecurityProfile,
 ) -> cri::LinuxContainerSecurityContext {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = container.security_context.as_ref();
@@ -754,6 +835,7 @@ fn security_context(
             .unwrap_or(false),
         supplemental_groups: supplemental_groups(pod),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        seccomp: Some(seccomp),
         ..cri::LinuxContainerSecurityContext::default()
     }
 }
@@ -781,6 +863,7 @@ pub fn container_config(
     };
     let resources = ContainerResources::of(container)?;
     let qos = qos_class(pod);
+    let seccomp = seccomp_profile(container, pod, &params.defaults.seccomp)?;
     Ok(cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: container.name.clone(),
@@ -806,10 +889,10 @@ pub fn container_config(
             resources: Some(linux_resources(
                 &resources,
                 qos,
-                params.cpu_cfs_quota,
+                params.defaults.cpu_cfs_quota,
                 params.memory_capacity_bytes,
             )),
-            security_context: Some(security_context(container, pod, params.namespaces)),
+            security_context: Some(security_context(container, pod, params.namespaces, seccomp)),
         }),
         ..cri::ContainerConfig::default()
     })
@@ -927,7 +1010,7 @@ mod tests {
     fn cpu_and_memory_limits_become_cgroup_settings() {
         let c = with_resources(&[("cpu", "500m"), ("memory", "64Mi")], &[("cpu", "250m")]);
         let r = ContainerResources::of(&c).unwrap();
-        let linux = linux_resources(&r, QosClass::Burstable, true, 0);
+        let linux = linux_resources(&r, QosClass::Burstable, CfsQuota::default(), 0);
         assert_eq!(linux.cpu_period, 100_000);
         assert_eq!(linux.cpu_quota, 50_000);
         assert_eq!(linux.cpu_shares, 256);
@@ -935,12 +1018,31 @@ mod tests {
         assert_eq!(linux.oom_score_adj, 999);
     }
 
+    const NO_QUOTA: CfsQuota = CfsQuota {
+        enforce: false,
+        period_us: CPU_PERIOD_US,
+    };
+
+    #[test]
+    fn a_custom_cfs_period_scales_the_quota_and_no_quota_leaves_both_unset() {
+        let r = ContainerResources::of(&with_resources(&[("cpu", "1500m")], &[])).unwrap();
+        let custom = CfsQuota {
+            enforce: true,
+            period_us: 50_000,
+        };
+        let linux = linux_resources(&r, QosClass::Guaranteed, custom, 0);
+        assert_eq!((linux.cpu_period, linux.cpu_quota), (50_000, 75_000));
+        let off = linux_resources(&r, QosClass::Guaranteed, NO_QUOTA, 0);
+        assert_eq!((off.cpu_period, off.cpu_quota), (0, 0));
+        assert_eq!(off.cpu_shares, 1536, "shares do not depend on the quota");
+    }
+
     #[test]
     fn tiny_and_missing_cpu_requests_get_minimum_shares() {
         let none = linux_resources(
             &ContainerResources::default(),
             QosClass::BestEffort,
-            true,
+            CfsQuota::default(),
             0,
         );
         assert_eq!(
@@ -949,16 +1051,16 @@ mod tests {
         );
         let tiny = ContainerResources::of(&with_resources(&[], &[("cpu", "1m")])).unwrap();
         assert_eq!(
-            linux_resources(&tiny, QosClass::Burstable, true, 0).cpu_shares,
+            linux_resources(&tiny, QosClass::Burstable, CfsQuota::default(), 0).cpu_shares,
             2
         );
         let small_limit = ContainerResources::of(&with_resources(&[("cpu", "5m")], &[])).unwrap();
         assert_eq!(
-            linux_resources(&small_limit, QosClass::Guaranteed, true, 0).cpu_quota,
+            linux_resources(&small_limit, QosClass::Guaranteed, CfsQuota::default(), 0).cpu_quota,
             1000
         );
         assert_eq!(
-            linux_resources(&small_limit, QosClass::Guaranteed, false, 0).cpu_quota,
+            linux_resources(&small_limit, QosClass::Guaranteed, NO_QUOTA, 0).cpu_quota,
             0,
             "quota disabled by --cpu-cfs-quota=false"
         );
@@ -1058,7 +1160,7 @@ mod tests {
                 image_id: "sha256:abc",
                 mounts: Vec::new(),
                 namespaces: cri::NamespaceOption::default(),
-                cpu_cfs_quota: true,
+                defaults: &ContainerDefaults::default(),
                 memory_capacity_bytes: 0,
             },
         )
@@ -1168,7 +1270,13 @@ mod tests {
         };
         let mut pod = pod_with(vec![c.clone()]);
         let groups = |pod: &Pod| {
-            security_context(&c, pod, cri::NamespaceOption::default()).supplemental_groups
+            security_context(
+                &c,
+                pod,
+                cri::NamespaceOption::default(),
+                cri::SecurityProfile::default(),
+            )
+            .supplemental_groups
         };
         assert!(groups(&pod).is_empty());
         pod.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(
@@ -1368,7 +1476,7 @@ mod tests {
             image_id: "sha256:abc",
             mounts: Vec::new(),
             namespaces,
-            cpu_cfs_quota: true,
+            defaults: &ContainerDefaults::default(),
             memory_capacity_bytes: 0,
         };
         container_config(pod, c, &ctx, params).unwrap()
@@ -1410,5 +1518,129 @@ mod tests {
             join_target_pid_namespace(&mut config, &target);
             assert_eq!(namespaces_of(&config), options, "{shared:?}");
         }
+    }
+
+    fn seccomp_of(
+        pod: &Pod,
+        settings: &SeccompSettings,
+    ) -> Result<cri::SecurityProfile, ConfigError> {
+        seccomp_profile(&pod.spec.as_ref().unwrap().containers[0], pod, settings)
+    }
+
+    fn with_seccomp(
+        pod_profile: Option<serde_json::Value>,
+        container_profile: Option<serde_json::Value>,
+    ) -> Pod {
+        let mut container = Container {
+            name: "c".to_owned(),
+            ..Container::default()
+        };
+        if let Some(profile) = container_profile {
+            container.security_context = Some(
+                serde_json::from_value(serde_json::json!({"seccompProfile": profile})).unwrap(),
+            );
+        }
+        let mut pod = pod_with(vec![container]);
+        if let Some(profile) = pod_profile {
+            pod.spec.as_mut().unwrap().security_context = Some(
+                serde_json::from_value(serde_json::json!({"seccompProfile": profile})).unwrap(),
+            );
+        }
+        pod
+    }
+
+    #[test]
+    fn seccomp_default_turns_a_missing_profile_into_runtime_default() {
+        use cri::security_profile::ProfileType;
+        let unset = with_seccomp(None, None);
+        let off = SeccompSettings::default();
+        let on = SeccompSettings {
+            default_to_runtime_default: true,
+            profile_root: PathBuf::from("/var/lib/kubelet/seccomp"),
+        };
+        assert_eq!(
+            seccomp_of(&unset, &off).unwrap().profile_type,
+            i32::from(ProfileType::Unconfined)
+        );
+        assert_eq!(
+            seccomp_of(&unset, &on).unwrap().profile_type,
+            i32::from(ProfileType::RuntimeDefault)
+        );
+        // An explicit Unconfined stays unconfined under seccompDefault.
+        let unconfined = with_seccomp(Some(serde_json::json!({"type": "Unconfined"})), None);
+        assert_eq!(
+            seccomp_of(&unconfined, &on).unwrap().profile_type,
+            i32::from(ProfileType::Unconfined)
+        );
+        // The container's profile wins over the pod's.
+        let both = with_seccomp(
+            Some(serde_json::json!({"type": "Unconfined"})),
+            Some(serde_json::json!({"type": "RuntimeDefault"})),
+        );
+        assert_eq!(
+            seccomp_of(&both, &off).unwrap().profile_type,
+            i32::from(ProfileType::RuntimeDefault)
+        );
+        // The profile reaches the CRI config.
+        let config = container_config(
+            &unset,
+            &unset.spec.as_ref().unwrap().containers[0],
+            &EnvContext {
+                pod: &unset,
+                pod_ips: &[],
+                host_ip: None,
+                node_name: "n",
+                node_allocatable: &BTreeMap::new(),
+                sources: &EnvSources::default(),
+            },
+            ContainerParams {
+                restart_count: 0,
+                envs: Vec::new(),
+                image_id: "sha256:abc",
+                mounts: Vec::new(),
+                namespaces: cri::NamespaceOption::default(),
+                defaults: &ContainerDefaults {
+                    cpu_cfs_quota: CfsQuota::default(),
+                    seccomp: on,
+                },
+                memory_capacity_bytes: 0,
+            },
+        )
+        .unwrap();
+        let seccomp = config
+            .linux
+            .unwrap()
+            .security_context
+            .unwrap()
+            .seccomp
+            .unwrap();
+        assert_eq!(seccomp.profile_type, i32::from(ProfileType::RuntimeDefault));
+    }
+
+    #[test]
+    fn localhost_profiles_live_below_the_profile_root() {
+        use cri::security_profile::ProfileType;
+        let settings = SeccompSettings {
+            default_to_runtime_default: false,
+            profile_root: PathBuf::from("/var/lib/kubelet/seccomp"),
+        };
+        let localhost = with_seccomp(
+            Some(
+                serde_json::json!({"type": "Localhost", "localhostProfile": "profiles/audit.json"}),
+            ),
+            None,
+        );
+        assert_eq!(
+            seccomp_of(&localhost, &settings).unwrap(),
+            cri::SecurityProfile {
+                profile_type: ProfileType::Localhost.into(),
+                localhost_ref: "/var/lib/kubelet/seccomp/profiles/audit.json".to_owned(),
+            }
+        );
+        let nameless = with_seccomp(None, Some(serde_json::json!({"type": "Localhost"})));
+        assert_eq!(
+            seccomp_of(&nameless, &settings),
+            Err(ConfigError::MissingLocalhostProfile)
+        );
     }
 }

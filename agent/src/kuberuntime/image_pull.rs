@@ -4,7 +4,9 @@
 //! tries the credentials of the pod's pull secrets and then the node's docker config that match the
 //! image's registry, failed pulls back off per pod and image, and every step is an event on the
 //! container. A failed pull is the container's `ErrImagePull`, then `ImagePullBackOff` while the
-//! back-off lasts, under every policy: `Always` never falls back to the image on the node.
+//! back-off lasts, under every policy: `Always` never falls back to the image on the node. Pulls
+//! wait for their turn and take a token of the registry rate limit through the
+//! [`ImagePuller`](crate::images::ImagePuller); a pull over the rate fails as any other.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -172,7 +174,12 @@ impl KubeGenericRuntimeManager {
             format!("Pulling image \"{spec_image}\""),
         );
         let started = Instant::now();
-        match self.pull_with(image, &credentials, sandbox_config).await {
+        let pulled = match self.puller.admit().await {
+            // The slot is held for the pull and released when this arm ends.
+            Ok(_permit) => self.pull_with(image, &credentials, sandbox_config).await,
+            Err(limited) => Err(limited.to_string()),
+        };
+        match pulled {
             Ok(pulled) => {
                 let size = match self.cri.image_status(image).await {
                     Ok(Some(status)) => format!(" Image size: {} bytes.", status.size),

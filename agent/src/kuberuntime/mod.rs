@@ -38,11 +38,13 @@ pub use backoff::BackOff;
 pub use cri::{CriClient, CriError};
 pub(crate) use resource_field::resource_field_value;
 
+use crate::apis::config::ImagePullSettings;
 use crate::container::{
     ContainerId, ImageInfo, PodResize, PodStatus, PodSyncResult, PodUid, RunningPod, Runtime,
     RuntimeCondition, RuntimeError, RuntimeStatus, SandboxId,
 };
 use crate::events::{EventObject, EventType, Recorder};
+use crate::images::ImagePuller;
 use container::EnvSources;
 use credentials::PullSecrets;
 use image_pull::PullErrors;
@@ -110,8 +112,9 @@ pub trait RuntimeHelper: Send + Sync {
 /// Settings of the runtime manager (from the agent's configuration).
 #[derive(Clone, Debug)]
 pub struct RuntimeSettings {
-    /// Enforce CPU limits with CFS quota (`cpuCFSQuota`).
-    pub cpu_cfs_quota: bool,
+    /// CPU limits as CFS quotas (`cpuCFSQuota`, `cpuCFSQuotaPeriod`), `seccompDefault` and the
+    /// root of `Localhost` seccomp profiles.
+    pub container: container::ContainerDefaults,
     /// Node memory, for the OOM score of Burstable containers; 0 when unknown.
     pub memory_capacity_bytes: u64,
     /// `RuntimeClass` handler for new sandboxes; empty selects the runtime's default.
@@ -122,18 +125,21 @@ pub struct RuntimeSettings {
     pub backoff_reset: Duration,
     /// Pod DNS: `clusterDNS`, `clusterDomain`, `resolvConf` and the node's addresses.
     pub dns: dns::DnsConfigurer,
+    /// `serializeImagePulls`, `maxParallelImagePulls`, `registryPullQPS`, `registryBurst`.
+    pub image_pulls: ImagePullSettings,
 }
 
 impl Default for RuntimeSettings {
     fn default() -> Self {
         Self {
-            cpu_cfs_quota: true,
+            container: container::ContainerDefaults::default(),
             memory_capacity_bytes: 0,
             runtime_handler: String::new(),
             backoff_initial: backoff::INITIAL,
             backoff_max: backoff::MAX,
             backoff_reset: backoff::RESET_AFTER,
             dns: dns::DnsConfigurer::default(),
+            image_pulls: ImagePullSettings::default(),
         }
     }
 }
@@ -150,6 +156,8 @@ pub struct KubeGenericRuntimeManager {
     image_backoff: BackOff,
     /// The last failed pull per `<pod uid>/<image>`, quoted while the pull backs off.
     pull_errors: PullErrors,
+    /// Admits image pulls: one at a time or a bounded number at once, at a limited rate.
+    puller: ImagePuller,
     /// The resources applied to each pod's running containers, and where a resize stands.
     resizes: resize::Resizes,
 }
@@ -172,6 +180,7 @@ impl KubeGenericRuntimeManager {
             crash_backoff: backoff(),
             image_backoff: backoff(),
             pull_errors: PullErrors::default(),
+            puller: ImagePuller::new(&settings.image_pulls),
             resizes: resize::Resizes::default(),
             cri,
             helper,

@@ -17,7 +17,7 @@ use ringlet_proto::runtime::v1 as cri;
 
 use super::KubeGenericRuntimeManager;
 use super::changes::ContainerToKill;
-use super::container::{ContainerResources, linux_resources};
+use super::container::{CfsQuota, ContainerResources, linux_resources};
 use super::sync::{failure, pod_name, pod_uid, step};
 use crate::cm::{parse_quantity, qos_class};
 use crate::container::{
@@ -30,7 +30,7 @@ pub const INFEASIBLE: &str = "Infeasible";
 /// What the cgroup settings of a container are computed from besides its resources.
 #[derive(Clone, Copy, Debug)]
 pub struct LinuxParams {
-    pub cpu_cfs_quota: bool,
+    pub cpu_cfs_quota: CfsQuota,
     pub memory_capacity_bytes: u64,
 }
 
@@ -353,7 +353,7 @@ fn adopted(
 impl KubeGenericRuntimeManager {
     fn linux_params(&self) -> LinuxParams {
         LinuxParams {
-            cpu_cfs_quota: self.settings.cpu_cfs_quota,
+            cpu_cfs_quota: self.settings.container.cpu_cfs_quota,
             memory_capacity_bytes: self.settings.memory_capacity_bytes,
         }
     }
@@ -442,7 +442,10 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     const PARAMS: LinuxParams = LinuxParams {
-        cpu_cfs_quota: true,
+        cpu_cfs_quota: CfsQuota {
+            enforce: true,
+            period_us: crate::kuberuntime::container::CPU_PERIOD_US,
+        },
         memory_capacity_bytes: 8 << 30,
     };
 

@@ -179,6 +179,12 @@ pub fn sandbox_config(
                     .map(|value| cri::Int64Value { value }),
                 supplemental_groups: super::container::supplemental_groups(pod),
                 privileged,
+                // The pause process always runs under the runtime's default profile, whatever
+                // the pod asks for its containers (the kubelet's, kubernetes#84623).
+                seccomp: Some(cri::SecurityProfile {
+                    profile_type: cri::security_profile::ProfileType::RuntimeDefault.into(),
+                    localhost_ref: String::new(),
+                }),
                 ..cri::LinuxSandboxSecurityContext::default()
             }),
             sysctls: pod_sc
@@ -249,7 +255,12 @@ mod tests {
         assert_eq!(config.port_mappings[0].protocol(), cri::Protocol::Udp);
         let linux = config.linux.unwrap();
         assert_eq!(linux.cgroup_parent, "/kubepods/besteffort/podu1");
-        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        let context = linux.security_context.unwrap();
+        assert_eq!(
+            context.seccomp.map(|s| s.profile_type()),
+            Some(cri::security_profile::ProfileType::RuntimeDefault)
+        );
+        let ns = context.namespace_options.unwrap();
         assert_eq!(ns.network(), cri::NamespaceMode::Pod);
         assert_eq!(ns.pid(), cri::NamespaceMode::Container);
         assert!(labels::is_managed(&config.labels));

@@ -800,7 +800,7 @@ impl KubeGenericRuntimeManager {
                 image_id,
                 mounts,
                 namespaces: namespace_options(ctx.pod),
-                cpu_cfs_quota: self.settings.cpu_cfs_quota,
+                defaults: &self.settings.container,
                 memory_capacity_bytes: self.settings.memory_capacity_bytes,
             },
         )

@@ -180,7 +180,7 @@ fn set_ready(
 }
 
 /// Why the node is not ready, in upstream's order: the runtime's errors (status check, PLEG, the
-/// runtime's own condition), then the network, then missing capacity.
+/// runtime's own condition), then the network, then a shutdown in progress, then missing capacity.
 fn readiness_problems(status: &NodeStatus, health: &NodeHealth, now: Timestamp) -> Vec<String> {
     let mut problems = Vec::new();
     match health.last_runtime_sync {
@@ -197,6 +197,7 @@ fn readiness_problems(status: &NodeStatus, health: &NodeHealth, now: Timestamp) 
     }
     problems.extend(health.runtime_error.clone());
     problems.extend(health.network_error.clone());
+    problems.extend(health.shutdown_error.clone());
     let missing: Vec<&str> = REQUIRED_CAPACITY
         .into_iter()
         .filter(|name| {
@@ -385,6 +386,7 @@ mod tests {
         facts.health.runtime_error =
             Some("container runtime not ready: RuntimeReady=false reason:x message:y".to_owned());
         facts.health.network_error = Some("network state unknown".to_owned());
+        facts.health.shutdown_error = Some("node is shutting down".to_owned());
         let mut status = NodeStatus::default();
         set_conditions(&mut status, &facts, at(0), &mut Vec::new());
         assert_eq!(
@@ -392,8 +394,8 @@ mod tests {
             Some(
                 "[container runtime is down, PLEG is not healthy: pleg has yet to be successful, \
                  container runtime not ready: RuntimeReady=false reason:x message:y, \
-                 network state unknown, missing node capacity for resources: cpu, memory, pods, \
-                 ephemeral-storage]"
+                 network state unknown, node is shutting down, missing node capacity for \
+                 resources: cpu, memory, pods, ephemeral-storage]"
             )
         );
     }

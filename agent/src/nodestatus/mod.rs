@@ -87,6 +87,9 @@ pub struct NodeHealth {
     /// Upstream's texts are `"network state unknown"` before the first status check and
     /// `"container runtime network not ready: NetworkReady=false reason:<r> message:<m>"`.
     pub network_error: Option<String>,
+    /// `"node is shutting down"` while graceful node shutdown runs (the kubelet's
+    /// `ShutdownStatus`).
+    pub shutdown_error: Option<String>,
     pub memory_pressure: bool,
     pub disk_pressure: bool,
     pub pid_pressure: bool,

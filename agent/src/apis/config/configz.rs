@@ -22,6 +22,9 @@ impl KubeletConfiguration {
                     .chain(self.dns.configz())
                     .chain(self.eviction.configz())
                     .chain(self.image_gc.configz())
+                    .chain(self.shutdown.configz())
+                    .chain(self.image_pull.configz())
+                    .chain(self.resources.configz())
                     .map(|(name, value)| (name.to_owned(), value)),
             );
         }

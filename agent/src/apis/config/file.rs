@@ -11,7 +11,10 @@ use super::dns::RawDnsSettings;
 use super::duration::parse_duration;
 use super::eviction::RawEvictionConfig;
 use super::image_gc::RawImageGcSettings;
+use super::image_pull::RawImagePullSettings;
 use super::node::RawNodeSettings;
+use super::resources::RawResourceSettings;
+use super::shutdown::RawShutdownSettings;
 
 pub(super) const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 pub(super) const KIND: &str = "KubeletConfiguration";
@@ -19,8 +22,6 @@ pub(super) const KIND: &str = "KubeletConfiguration";
 /// Fields of the real v1beta1 `KubeletConfiguration` that ringlet accepts but does not act on yet.
 const NOT_IMPLEMENTED: &[&str] = &[
     "tlsCurvePreferences",
-    "registryPullQPS",
-    "registryBurst",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
     "enableContentionProfiling",
@@ -40,13 +41,8 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "qosReserved",
     "hairpinMode",
     "podCIDR",
-    "podPidsLimit",
-    "cpuCFSQuota",
-    "cpuCFSQuotaPeriod",
     "maxOpenFiles",
     "contentType",
-    "serializeImagePulls",
-    "maxParallelImagePulls",
     "mergeDefaultEvictionSettings",
     "enableControllerAttachDetach",
     "protectKernelDefaults",
@@ -59,23 +55,16 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "configMapAndSecretChangeDetectionStrategy",
     "reservedSystemCPUs",
     "showHiddenMetricsForVersion",
-    "systemReservedCgroup",
-    "kubeReservedCgroup",
-    "enforceNodeAllocatable",
     "volumePluginDir",
     "providerID",
     "kernelMemcgNotification",
     "logging",
     "enableSystemLogHandler",
     "enableSystemLogQuery",
-    "shutdownGracePeriod",
-    "shutdownGracePeriodCriticalPods",
-    "shutdownGracePeriodByPodPriority",
     "crashLoopBackOff",
     "reservedMemory",
     "enableProfilingHandler",
     "enableDebugFlagsHandler",
-    "seccompDefault",
     "memoryThrottlingFactor",
     "memoryReservationPolicy",
     "tracing",
@@ -144,6 +133,9 @@ pub(super) struct RawConfig {
     pub dns: RawDnsSettings,
     pub eviction: RawEvictionConfig,
     pub image_gc: RawImageGcSettings,
+    pub shutdown: RawShutdownSettings,
+    pub image_pull: RawImagePullSettings,
+    pub resources: RawResourceSettings,
 }
 
 /// What reading a document produced: the values, the recognised fields ringlet ignores, and every
@@ -251,6 +243,9 @@ pub(super) fn read_document(document: &Value) -> FileContents {
             other if raw.dns.read(other, &mut reader) => {}
             other if raw.eviction.read(other, &mut reader) => {}
             other if raw.image_gc.read(other, &mut reader) => {}
+            other if raw.shutdown.read(other, &mut reader) => {}
+            other if raw.resources.read(other, &mut reader) => {}
+            other if raw.image_pull.read(other, &mut reader) => {}
             other if NOT_IMPLEMENTED.contains(&other) => out.not_implemented.push(other.to_owned()),
             other => unknown.push(other.to_owned()),
         }

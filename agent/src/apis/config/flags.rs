@@ -10,6 +10,7 @@ use clap::Parser;
 use super::duration::parse_duration;
 use super::eviction;
 use super::file::RawConfig;
+use super::resources;
 
 /// Command-line flags. Every flag backed by a `KubeletConfiguration` field is optional so that an
 /// unset flag leaves the file's value (or the default) in place.
@@ -64,6 +65,11 @@ pub struct Flags {
     /// Size of the eBPF ring buffer in bytes: a power of two, at least one page (ringlet extension).
     #[arg(long, value_name = "BYTES", default_value_t = crate::ebpf::DEFAULT_RING_BUFFER_BYTES)]
     pub ebpf_ring_buffer_bytes: u32,
+
+    /// Lab only, hidden: SIGUSR1 acts as logind's `PrepareForShutdown(true)` and logind is not
+    /// asked (graceful node shutdown on a test machine without logind; docs/operations.md).
+    #[arg(long, hide = true)]
+    pub lab_node_shutdown_signal: bool,
 
     /// CRI endpoint, e.g. <unix:///run/containerd/containerd.sock> (config: containerRuntimeEndpoint).
     #[arg(long, value_name = "ENDPOINT")]
@@ -186,6 +192,19 @@ pub struct Flags {
     /// imageMinimumGCAge).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub minimum_image_ttl_duration: Option<Duration>,
+
+    /// Pull images one at a time, e.g. --serialize-image-pulls=false (config:
+    /// serializeImagePulls).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub serialize_image_pulls: Option<bool>,
+
+    /// Image pulls per second; 0 for no limit (config: registryPullQPS).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub registry_qps: Option<i64>,
+
+    /// Image pulls allowed at once above --registry-qps (config: registryBurst).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub registry_burst: Option<i64>,
 
     /// Serving certificate of the kubelet API, PEM (config: tlsCertFile).
     #[arg(long, value_name = "FILE")]
@@ -321,6 +340,38 @@ pub struct Flags {
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub eviction_max_pod_grace_period: Option<i64>,
 
+    /// Most processes in a pod's cgroup; -1 (or 0) for no limit (config: podPidsLimit).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub pod_max_pids: Option<i64>,
+
+    /// Enforce CPU limits with a CFS quota, e.g. --cpu-cfs-quota=false (config: cpuCFSQuota).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub cpu_cfs_quota: Option<bool>,
+
+    /// The CFS period of CPU limits, between 1ms and 1s, e.g. 100ms (config: cpuCFSQuotaPeriod).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub cpu_cfs_quota_period: Option<Duration>,
+
+    /// Run containers without a seccomp profile with the runtime's default one (config:
+    /// seccompDefault).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub seccomp_default: Option<bool>,
+
+    /// Cgroups to give node allocatable limits, comma-separated: pods, system-reserved,
+    /// system-reserved-compressible, kube-reserved, kube-reserved-compressible, or none (config:
+    /// enforceNodeAllocatable).
+    #[arg(long, value_name = "KEYS")]
+    pub enforce_node_allocatable: Option<String>,
+
+    /// The cgroup system-reserved enforcement limits, e.g. /system.slice (config:
+    /// systemReservedCgroup).
+    #[arg(long, value_name = "CGROUP")]
+    pub system_reserved_cgroup: Option<String>,
+
+    /// The cgroup kube-reserved enforcement limits (config: kubeReservedCgroup).
+    #[arg(long, value_name = "CGROUP")]
+    pub kube_reserved_cgroup: Option<String>,
+
     /// ringlet extension: the I/O engine: uring (`io_uring`), epoll, or auto (`io_uring` when the kernel
     /// allows it) (config: ioEngine).
     #[arg(long, value_name = "ENGINE")]
@@ -429,6 +480,13 @@ impl Flags {
             &mut image_gc.minimum_age,
             self.minimum_image_ttl_duration.as_ref(),
         );
+        let image_pull = &mut raw.image_pull;
+        set(
+            &mut image_pull.serialize,
+            self.serialize_image_pulls.as_ref(),
+        );
+        set(&mut image_pull.registry_qps, self.registry_qps.as_ref());
+        set(&mut image_pull.registry_burst, self.registry_burst.as_ref());
         set(&mut raw.tls_cert_file, self.tls_cert_file.as_ref());
         set(
             &mut raw.tls_private_key_file,
@@ -480,6 +538,7 @@ impl Flags {
             self.node_status_update_frequency.as_ref(),
         );
         self.overlay_eviction(raw, problems);
+        self.overlay_resources(raw);
         set(&mut raw.pleg_mode, self.pleg_mode.as_ref());
         set(&mut raw.io_engine, self.io_engine.as_ref());
         set(
@@ -490,6 +549,25 @@ impl Flags {
 }
 
 impl Flags {
+    /// The flags of what the node enforces on pods and containers over `raw`.
+    fn overlay_resources(&self, raw: &mut RawConfig) {
+        let resources = &mut raw.resources;
+        resources.pod_pids_limit = self.pod_max_pids.or(resources.pod_pids_limit);
+        resources.cpu_cfs_quota = self.cpu_cfs_quota.or(resources.cpu_cfs_quota);
+        resources.cpu_cfs_quota_period =
+            self.cpu_cfs_quota_period.or(resources.cpu_cfs_quota_period);
+        resources.seccomp_default = self.seccomp_default.or(resources.seccomp_default);
+        if let Some(text) = &self.enforce_node_allocatable {
+            resources.enforce_node_allocatable = Some(resources::parse_enforcement_flag(text));
+        }
+        if let Some(cgroup) = &self.system_reserved_cgroup {
+            resources.system_reserved_cgroup = Some(cgroup.clone());
+        }
+        if let Some(cgroup) = &self.kube_reserved_cgroup {
+            resources.kube_reserved_cgroup = Some(cgroup.clone());
+        }
+    }
+
     /// The eviction flags (`--eviction-*`) over `raw`.
     fn overlay_eviction(&self, raw: &mut RawConfig, problems: &mut Vec<String>) {
         let mut map = |text: Option<&String>,

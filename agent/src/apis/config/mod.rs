@@ -14,7 +14,10 @@ mod eviction;
 mod file;
 mod flags;
 mod image_gc;
+mod image_pull;
 mod node;
+mod resources;
+mod shutdown;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -34,7 +37,13 @@ pub use duration::{DurationError, parse_duration};
 pub use eviction::EvictionConfig;
 pub use flags::Flags;
 pub use image_gc::ImageGcSettings;
+pub use image_pull::ImagePullSettings;
 pub use node::{DEFAULT_EVICTION_HARD, NodeSettings, TaintSetting};
+pub use resources::{
+    ENFORCE_KUBE_RESERVED, ENFORCE_KUBE_RESERVED_COMPRESSIBLE, ENFORCE_PODS,
+    ENFORCE_SYSTEM_RESERVED, ENFORCE_SYSTEM_RESERVED_COMPRESSIBLE, ResourceSettings,
+};
+pub use shutdown::ShutdownSettings;
 
 use file::RawConfig;
 
@@ -237,6 +246,16 @@ pub struct KubeletConfiguration {
     /// Image garbage collection: `imageGCHighThresholdPercent`, `imageGCLowThresholdPercent`,
     /// `imageMinimumGCAge`, `imageMaximumGCAge`.
     pub image_gc: ImageGcSettings,
+    /// Graceful node shutdown: `shutdownGracePeriod`, `shutdownGracePeriodCriticalPods`,
+    /// `shutdownGracePeriodByPodPriority`.
+    pub shutdown: ShutdownSettings,
+    /// Image pull limits: `serializeImagePulls`, `maxParallelImagePulls`, `registryPullQPS`,
+    /// `registryBurst`.
+    pub image_pull: ImagePullSettings,
+    /// What the node enforces on pods and containers: `podPidsLimit`, `cpuCFSQuota`,
+    /// `cpuCFSQuotaPeriod`, `seccompDefault`, `enforceNodeAllocatable`, `systemReservedCgroup`,
+    /// `kubeReservedCgroup`.
+    pub resources: ResourceSettings,
 }
 
 impl Default for KubeletConfiguration {
@@ -292,6 +311,9 @@ impl Default for KubeletConfiguration {
             dns: DnsSettings::default(),
             eviction: EvictionConfig::default(),
             image_gc: ImageGcSettings::default(),
+            shutdown: ShutdownSettings::default(),
+            image_pull: ImagePullSettings::default(),
+            resources: ResourceSettings::default(),
         }
     }
 }
@@ -345,6 +367,9 @@ pub struct AgentConfig {
     pub events_socket: PathBuf,
     /// `--ebpf-ring-buffer-bytes`: the eBPF PLEG's ring buffer size.
     pub ebpf_ring_buffer_bytes: u32,
+    /// `--lab-node-shutdown-signal` (hidden, lab only): SIGUSR1 instead of logind announces a
+    /// shutdown.
+    pub lab_node_shutdown_signal: bool,
     /// `--kubeconfig`: how to reach the API server (for the authentication and authorisation
     /// webhooks); `None` for a standalone agent.
     pub kubeconfig: Option<PathBuf>,
@@ -547,6 +572,7 @@ fn resolve(
         config_file: flags.config.clone(),
         events_socket: flags.events_socket.clone(),
         ebpf_ring_buffer_bytes: flags.ebpf_ring_buffer_bytes,
+        lab_node_shutdown_signal: flags.lab_node_shutdown_signal,
         kubeconfig: flags.kubeconfig.clone(),
         in_cluster_config: flags.in_cluster_config,
         cert_dir: flags
@@ -829,6 +855,7 @@ fn build(
         );
     }
 
+    let cgroups_per_qos = raw.cgroups_per_qos.unwrap_or(defaults.cgroups_per_qos);
     let node = node::build(raw.node, problems);
     let eviction = eviction::build(raw.eviction, &node.eviction_hard, problems);
     KubeletConfiguration {
@@ -845,7 +872,7 @@ fn build(
         healthz_bind_address,
         cgroup_driver,
         cgroup_root,
-        cgroups_per_qos: raw.cgroups_per_qos.unwrap_or(defaults.cgroups_per_qos),
+        cgroups_per_qos,
         max_pods,
         pods_per_core,
         runtime_request_timeout,
@@ -880,6 +907,9 @@ fn build(
         dns: dns::build(raw.dns, problems),
         eviction,
         image_gc: image_gc::build(raw.image_gc, problems),
+        shutdown: shutdown::build(raw.shutdown, problems),
+        image_pull: image_pull::build(raw.image_pull, problems),
+        resources: resources::build(raw.resources, cgroups_per_qos, problems),
     }
 }
 

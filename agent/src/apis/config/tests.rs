@@ -91,6 +91,8 @@ fn file_values_and_flag_overrides() {
             "/etc/flag/manifests",
             "--port=12250",
             "--cgroups-per-qos=false",
+            // The kubelet refuses the default "pods" enforcement without per-QoS cgroups.
+            "--enforce-node-allocatable=",
             "--runonce",
             "--v=4",
             "--maximum-dead-containers-per-container=-1",
@@ -1038,5 +1040,148 @@ fn image_gc_from_file_and_flags() {
             "imageGCLowThresholdPercent (--image-gc-low-threshold): 95 must be less than \
           imageGCHighThresholdPercent (--image-gc-high-threshold) 90"
         ]
+    );
+}
+
+#[test]
+fn image_pull_limits_from_file_and_flags() {
+    let yaml = format!(
+        "{HEADER}serializeImagePulls: false\nmaxParallelImagePulls: 2\nregistryPullQPS: 0\n\
+         registryBurst: 3\n"
+    );
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
+    assert!(
+        warnings.is_empty(),
+        "acted on, not warned about: {warnings:?}"
+    );
+    let pulls = &config.kubelet.image_pull;
+    assert!(!pulls.serialize);
+    assert_eq!(pulls.max_parallel, std::num::NonZeroU32::new(2));
+    assert_eq!((pulls.registry_qps, pulls.registry_burst), (0, 3));
+    let configz = config.kubelet.configz();
+    assert_eq!(configz["kubeletconfig"]["serializeImagePulls"], false);
+    assert_eq!(configz["kubeletconfig"]["maxParallelImagePulls"], 2);
+    assert_eq!(configz["kubeletconfig"]["registryPullQPS"], 0);
+
+    let (config, _) =
+        load_with_file(&yaml, &["--registry-qps", "7", "--registry-burst=20"]).expect("loads");
+    let pulls = &config.kubelet.image_pull;
+    assert_eq!((pulls.registry_qps, pulls.registry_burst), (7, 20));
+
+    let problems = invalid_problems(load_with_file(&yaml, &["--serialize-image-pulls"]));
+    assert_eq!(
+        problems,
+        [
+            "maxParallelImagePulls: cannot be larger than 1 unless serializeImagePulls \
+             (--serialize-image-pulls) is set to false"
+        ]
+    );
+}
+
+#[test]
+fn graceful_shutdown_fields_are_read_validated_and_shown_in_configz() {
+    let yaml = format!("{HEADER}shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n");
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("loads");
+    assert!(
+        warnings.is_empty(),
+        "acted on, not warned about: {warnings:?}"
+    );
+    let shutdown = &config.kubelet.shutdown;
+    assert_eq!(shutdown.grace_period, Duration::from_secs(30));
+    assert_eq!(shutdown.grace_period_critical_pods, Duration::from_secs(10));
+    let configz = config.kubelet.configz();
+    assert_eq!(configz["kubeletconfig"]["shutdownGracePeriod"], "30s");
+    assert_eq!(
+        configz["kubeletconfig"]["shutdownGracePeriodCriticalPods"],
+        "10s"
+    );
+
+    let yaml = format!(
+        "{HEADER}shutdownGracePeriodByPodPriority:\n\
+         - priority: 100000\n  shutdownGracePeriodSeconds: 5\n\
+         - shutdownGracePeriodSeconds: 20\n"
+    );
+    let (config, _) = load_with_file(&yaml, &[]).expect("loads");
+    let periods = config.kubelet.shutdown.periods();
+    assert_eq!(
+        periods
+            .iter()
+            .map(|p| (p.priority, p.shutdown_grace_period_seconds))
+            .collect::<Vec<_>>(),
+        [(0, 20), (100_000, 5)],
+        "a missing priority is 0; sorted lowest first"
+    );
+
+    let yaml = format!(
+        "{HEADER}shutdownGracePeriod: 5s\nshutdownGracePeriodCriticalPods: 10s\n\
+         shutdownGracePeriodByPodPriority:\n\
+         - priority: 3000000000\n  shutdownGracePeriodSeconds: -1\n  grace: 2\n\
+         - soon\n"
+    );
+    assert_eq!(
+        invalid_problems(load_with_file(&yaml, &[])),
+        [
+            "shutdownGracePeriodByPodPriority: [0].priority: 3000000000 is not a 32-bit integer",
+            "shutdownGracePeriodByPodPriority: [0].shutdownGracePeriodSeconds: -1 must not be \
+             negative",
+            "shutdownGracePeriodByPodPriority: [0]: unknown field grace (expected priority and \
+             shutdownGracePeriodSeconds)",
+            "shutdownGracePeriodByPodPriority: [1]: expected a mapping with priority and \
+             shutdownGracePeriodSeconds",
+            "shutdownGracePeriodCriticalPods: 10s must be <= shutdownGracePeriod 5s",
+            "shutdownGracePeriodByPodPriority: cannot be set together with shutdownGracePeriod \
+             or shutdownGracePeriodCriticalPods",
+        ]
+    );
+    let yaml = format!("{HEADER}shutdownGracePeriod: -30s\n");
+    assert_eq!(
+        invalid_problems(load_with_file(&yaml, &[])),
+        ["shutdownGracePeriod: duration \"-30s\" must not be negative"]
+    );
+}
+
+#[test]
+fn enforcement_fields_read_from_the_file_and_the_flags() {
+    let yaml = format!(
+        "{HEADER}podPidsLimit: 512\ncpuCFSQuota: false\ncpuCFSQuotaPeriod: 50ms\n\
+         seccompDefault: true\nenforceNodeAllocatable: [pods, kube-reserved]\n\
+         kubeReservedCgroup: /kube.slice\n"
+    );
+    let (config, warnings) = load_with_file(&yaml, &[]).expect("file loads");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let r = &config.kubelet.resources;
+    assert_eq!(r.pod_pids_limit, 512);
+    assert!(!r.cpu_cfs_quota);
+    assert_eq!(r.cpu_cfs_quota_period, Duration::from_millis(50));
+    assert!(r.seccomp_default);
+    assert_eq!(r.enforce_node_allocatable, ["pods", "kube-reserved"]);
+    assert_eq!(r.kube_reserved_cgroup, "/kube.slice");
+    let (config, _) = load_with_file(
+        &yaml,
+        &[
+            "--pod-max-pids=-1",
+            "--cpu-cfs-quota",
+            "--cpu-cfs-quota-period=20ms",
+            "--seccomp-default=false",
+            "--enforce-node-allocatable=pods,system-reserved",
+            "--system-reserved-cgroup=/system.slice",
+        ],
+    )
+    .expect("flags override");
+    let r = &config.kubelet.resources;
+    assert_eq!(r.pod_pids_limit, -1);
+    assert!(r.cpu_cfs_quota);
+    assert_eq!(r.cpu_cfs_quota_period, Duration::from_millis(20));
+    assert!(!r.seccomp_default);
+    assert_eq!(r.enforce_node_allocatable, ["pods", "system-reserved"]);
+    assert_eq!(r.system_reserved_cgroup, "/system.slice");
+    let problems = invalid_problems(load_with_file(
+        &format!("{HEADER}cpuCFSQuotaPeriod: 0s\nenforceNodeAllocatable: [kube-reserved]\n"),
+        &[],
+    ));
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("cpuCFSQuotaPeriod (--cpu-cfs-quota-period): 0s"));
+    assert!(
+        problems[1].starts_with("kubeReservedCgroup (--kube-reserved-cgroup): must be specified")
     );
 }

@@ -13,6 +13,7 @@ fn manager(root: &str, driver: CgroupDriver, cgroups_per_qos: bool) -> PodContai
         root: CgroupName::parse(root, driver),
         driver,
         cgroups_per_qos,
+        pod_pids_limit: None,
         hierarchies: Hierarchies {
             v2: false,
             roots: Vec::new(),
@@ -316,4 +317,124 @@ fn creates_lists_and_destroys_real_pod_cgroups() {
             root.display()
         );
     }
+}
+
+/// Needs root: the pod cgroup gets `podPidsLimit`, the pods' top cgroup the node allocatable
+/// settings, and a reserved cgroup that does not exist is named, on real cgroups under
+/// `/ringlet-limits-test-<pid>`. One scenario on one real cgroup tree, so it is long.
+#[test]
+#[allow(clippy::too_many_lines)]
+fn limits_reach_real_cgroups() {
+    if !is_root() {
+        crate::testing::skip("limits_reach_real_cgroups", "creating cgroups needs root");
+        return;
+    }
+    let test_root = format!("ringlet-limits-test-{}", std::process::id());
+    let m = PodContainerManager::new(&format!("/{test_root}"), CgroupDriver::Cgroupfs, true)
+        .expect("cgroup hierarchies")
+        .with_pod_pids_limit(77);
+    let _cleanup = Cleanup {
+        relative_root: test_root.clone(),
+        roots: m.hierarchies.roots.clone(),
+        child: None,
+    };
+    let file = |controller: &str, v1_file: &str, v2_file: &str, dir: &str| -> String {
+        let path = if m.hierarchies.v2 {
+            Path::new(UNIFIED_MOUNTPOINT).join(dir).join(v2_file)
+        } else {
+            Path::new("/sys/fs/cgroup")
+                .join(controller)
+                .join(dir)
+                .join(v1_file)
+        };
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+            .trim()
+            .to_owned()
+    };
+
+    m.ensure_exists(&pod(UID, false))
+        .expect("create pod cgroup");
+    let pod_dir = format!("{test_root}/kubepods/besteffort/pod{UID}");
+    assert_eq!(file("pids", "pids.max", "pids.max", &pod_dir), "77");
+    // The QoS parent is not limited.
+    assert_eq!(
+        file(
+            "pids",
+            "pids.max",
+            "pids.max",
+            &format!("{test_root}/kubepods/besteffort")
+        ),
+        "max"
+    );
+    // No limit, no write: the default.
+    let unlimited =
+        PodContainerManager::new(&format!("/{test_root}"), CgroupDriver::Cgroupfs, true)
+            .expect("cgroup hierarchies")
+            .with_pod_pids_limit(-1);
+    let other = "22222222-3333-4444-5555-666666666666";
+    unlimited
+        .ensure_exists(&pod(other, false))
+        .expect("create pod cgroup");
+    assert_eq!(
+        file(
+            "pids",
+            "pids.max",
+            "pids.max",
+            &format!("{test_root}/kubepods/besteffort/pod{other}")
+        ),
+        "max"
+    );
+
+    m.enforce_pods_cgroup(&ResourceConfig {
+        cpu_shares: Some(1536),
+        memory_bytes: Some(3 << 30),
+        pids_max: Some(5000),
+    })
+    .expect("enforce on kubepods");
+    let kubepods = format!("{test_root}/kubepods");
+    assert_eq!(file("pids", "pids.max", "pids.max", &kubepods), "5000");
+    assert_eq!(
+        file("memory", "memory.limit_in_bytes", "memory.max", &kubepods),
+        (3u64 << 30).to_string()
+    );
+    let expected_cpu = if m.hierarchies.v2 { "59" } else { "1536" };
+    assert_eq!(
+        file("cpu", "cpu.shares", "cpu.weight", &kubepods),
+        expected_cpu
+    );
+
+    match m.enforce_existing(&format!("/{test_root}/missing"), &ResourceConfig::default()) {
+        Err(err @ CmError::CgroupMissing { .. }) => assert_eq!(
+            err.to_string(),
+            format!("\"/{test_root}/missing\" cgroup does not exist")
+        ),
+        other => panic!("expected CgroupMissing, got {other:?}"),
+    }
+    m.enforce_existing(
+        &format!("/{test_root}/kubepods/burstable"),
+        &ResourceConfig {
+            cpu_shares: Some(300),
+            ..ResourceConfig::default()
+        },
+    )
+    .expect_err("burstable was never created");
+    m.enforce_existing(
+        &format!("/{test_root}/kubepods/besteffort"),
+        &ResourceConfig {
+            cpu_shares: Some(300),
+            ..ResourceConfig::default()
+        },
+    )
+    .expect("an existing cgroup takes its reservation");
+    let expected_cpu = if m.hierarchies.v2 { "12" } else { "300" };
+    assert_eq!(
+        file(
+            "cpu",
+            "cpu.shares",
+            "cpu.weight",
+            &format!("{test_root}/kubepods/besteffort")
+        ),
+        expected_cpu
+    );
 }
