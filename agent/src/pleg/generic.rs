@@ -12,7 +12,7 @@
 //! waits for the runtime too: hints are taken during a full relist's listing and a targeted relist's
 //! read (not during the full relist's reads of the pods that changed, which run after its listing).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -28,6 +28,7 @@ use super::init_processes::InitProcesses;
 use super::kernel_exits::{KernelExits, Reconciled};
 use super::latency::LatencyTracker;
 use super::queue::{HintQueue, Settled};
+use super::records::{PodRecords, runtime_lags};
 use super::{
     DEFAULT_RELIST_PERIOD, EVENT_CHANNEL_CAPACITY, Hint, HintKind, PlegError, PlegHandle,
     PlegHints, PlegMode, PodHint, PodLifecycleEvent, PodLifecycleEventKind, RELIST_THRESHOLD,
@@ -43,23 +44,6 @@ use crate::supervise::{RestartBackoff, panic_message};
 
 /// How many init pids the PLEG reads from the runtime at once.
 const INIT_PID_READS: usize = 8;
-
-/// The PLEG's coarse view of a container or sandbox (the kubelet's `plegContainerState`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PlegState {
-    Running,
-    Exited,
-    /// Created but not started, or a state the runtime could not tell.
-    Unknown,
-    NonExistent,
-}
-
-/// The last listing the events were computed against, and the listing being processed.
-#[derive(Default)]
-struct PodRecord {
-    old: Option<RunningPod>,
-    current: Option<RunningPod>,
-}
 
 /// How a [`GenericPleg`] runs besides its runtime and cache.
 pub struct PlegOptions {
@@ -94,7 +78,7 @@ pub struct GenericPleg {
     relist_period: Duration,
     events: mpsc::Sender<PodLifecycleEvent>,
     shared: Arc<Shared>,
-    records: HashMap<PodUid, PodRecord>,
+    records: PodRecords,
     /// Pods whose status could not be read last relist; retried on the next one.
     reinspect: HashSet<PodUid>,
     first_relist_done: bool,
@@ -136,7 +120,7 @@ impl GenericPleg {
                 .unwrap_or_else(|| mode.default_relist_period()),
             events,
             shared: Arc::clone(&shared),
-            records: HashMap::new(),
+            records: PodRecords::default(),
             reinspect: HashSet::new(),
             first_relist_done: false,
             hints,
@@ -184,9 +168,7 @@ impl GenericPleg {
     /// Drops what a panicked loop may have left half-done; the records stay (a full relist
     /// refreshes every one and diffs against the last listing, so only real changes are events).
     fn restart_state(&mut self) {
-        for record in self.records.values_mut() {
-            record.current = None;
-        }
+        self.records.clear_current();
         self.queue = HintQueue::default();
         self.metrics.set_pods_awaiting_runtime(0);
         self.kernel_exits = KernelExits::default();
@@ -362,7 +344,7 @@ impl GenericPleg {
             return;
         }
         self.cache.amend(status);
-        if let Some(record) = self.records.get_mut(&hint.pod).and_then(|r| r.old.as_mut()) {
+        if let Some(record) = self.records.listed_mut(&hint.pod) {
             // The runtime's later report of this exit is then no second event.
             self.kernel_exits.overlay_listing(record, now);
         }
@@ -548,22 +530,18 @@ impl GenericPleg {
         self.record_activity(start);
         self.shared.record_full_relist(start);
 
-        for record in self.records.values_mut() {
-            record.current = None;
-        }
-        for mut pod in pods {
-            self.kernel_exits.overlay_listing(&mut pod, start);
-            let uid = pod.uid.clone();
-            self.records.entry(uid).or_default().current = Some(pod);
-        }
+        let kernel_exits = &mut self.kernel_exits;
+        self.records
+            .set_current_listing(pods.into_iter().map(|mut pod| {
+                kernel_exits.overlay_listing(&mut pod, start);
+                pod
+            }));
 
         // On the first relist every known pod is read, so a restarted agent starts from the real
         // state of pods that were already running.
         let force = !self.first_relist_done;
-        let mut uids: Vec<PodUid> = self.records.keys().cloned().collect();
-        uids.sort();
         let mut needs_reinspection = HashSet::new();
-        for uid in uids {
+        for uid in self.records.uids() {
             match self.process_pod(&uid, start, force).await {
                 Ok(true) => {
                     self.reinspect.remove(&uid);
@@ -583,11 +561,7 @@ impl GenericPleg {
                 continue;
             }
             // The record was advanced this relist, so its old listing is the one just read.
-            let pod = self
-                .records
-                .get(&uid)
-                .and_then(|record| record.current.as_ref().or(record.old.as_ref()))
-                .cloned();
+            let pod = self.records.newest(&uid).cloned();
             if let Err(error) = self.update_cache(&uid, pod.as_ref(), start).await {
                 tracing::warn!(pod = %uid, error = %error, cause = %source_of(&error),
                     "re-inspecting pod failed");
@@ -599,20 +573,14 @@ impl GenericPleg {
         self.reinspect = needs_reinspection;
         self.first_relist_done = true;
         self.shared.clear_panic();
-        self.shared
-            .set_running_pods(self.records.values().filter_map(|r| r.old.as_ref()));
+        self.shared.set_running_pods(self.records.listed_pods());
         self.update_running_metrics();
         self.kernel_exits.expire_oom_facts(start);
         let records = &self.records;
-        self.kernel_exits
-            .retain_pods(|uid| records.contains_key(uid));
+        self.kernel_exits.retain_pods(|uid| records.contains(uid));
         self.metrics
             .set_kernel_exits_pending(self.kernel_exits.pending());
-        let listed: Vec<RunningPod> = self
-            .records
-            .values()
-            .filter_map(|r| r.old.clone())
-            .collect();
+        let listed: Vec<RunningPod> = self.records.listed_pods().cloned().collect();
         let present: HashSet<&str> = listed
             .iter()
             .flat_map(|p| {
@@ -633,8 +601,7 @@ impl GenericPleg {
     async fn targeted_relist(&mut self, uid: &PodUid) {
         let known = self
             .records
-            .get(uid)
-            .and_then(|record| record.old.as_ref().or(record.current.as_ref()))
+            .known(uid)
             .map(|pod| (pod.name.clone(), pod.namespace.clone()));
         if known.is_none() && self.queue.only_removals(uid) {
             // Removed cgroups of a pod without a record (already gone) cannot produce events.
@@ -681,16 +648,12 @@ impl GenericPleg {
             .cache
             .get(uid)
             .map_or(current.is_some(), |cached| *cached != status);
-        let old = self.records.get(uid).and_then(|record| record.old.as_ref());
-        let events = compute_pod_events(uid, old, current.as_ref());
-        if let Some(current) = current {
+        let found = current.is_some();
+        let events = self.records.apply_read(uid, current);
+        if found {
             self.cache.set(status, start);
-            let record = self.records.entry(uid.clone()).or_default();
-            record.old = Some(current);
-            record.current = None;
         } else {
             self.cache.delete(uid, start);
-            self.records.remove(uid);
         }
         let mut sent = 0;
         for event in events {
@@ -722,10 +685,9 @@ impl GenericPleg {
         }
         self.metrics
             .set_pods_awaiting_runtime(self.queue.awaiting_runtime());
-        self.shared
-            .set_running_pod(uid, self.records.get(uid).and_then(|r| r.old.as_ref()));
+        self.shared.set_running_pod(uid, self.records.listed(uid));
         self.update_running_metrics();
-        if let Some(pod) = self.records.get(uid).and_then(|r| r.old.as_ref()) {
+        if let Some(pod) = self.records.listed(uid) {
             self.learn_inits([pod]);
         }
     }
@@ -733,11 +695,11 @@ impl GenericPleg {
     /// The hinted starts and exits of `uid` that the runtime's `status` (before any kernel overlay)
     /// does not show yet.
     fn lagging_facts(&self, uid: &PodUid, status: &PodStatus) -> Vec<(HintKind, ContainerId)> {
-        let seen = states(Some(&status.to_running_pod()));
+        let seen = status.to_running_pod();
         self.queue
             .expected_changes(uid)
             .into_iter()
-            .filter(|(kind, c)| runtime_lags(*kind, seen.get(c).copied()))
+            .filter(|(kind, c)| runtime_lags(*kind, &seen, c))
             .filter(|(kind, c)| !self.exits_were_not_the_init(uid, *kind, c))
             .collect()
     }
@@ -760,19 +722,15 @@ impl GenericPleg {
         read_at: Instant,
         force: bool,
     ) -> Result<bool, PlegError> {
-        let events = match self.records.get(uid) {
-            Some(record) => compute_pod_events(uid, record.old.as_ref(), record.current.as_ref()),
-            None => return Ok(false),
+        let Some(events) = self.records.pending_events(uid) else {
+            return Ok(false);
         };
         let inspect = !events.is_empty() || force || self.kernel_exits.covers(uid);
         if inspect {
-            let pod = self
-                .records
-                .get(uid)
-                .and_then(|record| record.current.clone());
+            let pod = self.records.current(uid).cloned();
             self.update_cache(uid, pod.as_ref(), read_at).await?;
         }
-        self.advance_record(uid);
+        self.records.advance(uid);
         for event in events {
             if event.kind != PodLifecycleEventKind::ContainerChanged {
                 self.send(event);
@@ -808,21 +766,9 @@ impl GenericPleg {
         Ok(())
     }
 
-    fn advance_record(&mut self, uid: &PodUid) {
-        let Some(record) = self.records.get_mut(uid) else {
-            return;
-        };
-        match record.current.take() {
-            Some(current) => record.old = Some(current),
-            None => {
-                self.records.remove(uid);
-            }
-        }
-    }
-
     /// `kubelet_running_pods` and `kubelet_running_containers` from the records.
     fn update_running_metrics(&self) {
-        let pods = self.records.values().filter_map(|r| r.old.as_ref());
+        let pods = self.records.listed_pods();
         let mut sandboxes = 0;
         let mut containers: HashMap<ContainerState, usize> = HashMap::new();
         for pod in pods {
@@ -893,7 +839,7 @@ impl GenericPleg {
             PodLifecycleEventKind::PodSync => LifecycleKind::PodSync,
             PodLifecycleEventKind::ContainerChanged => return None,
         };
-        let record = self.records.get(&event.pod).and_then(|r| r.old.as_ref());
+        let record = self.records.listed(&event.pod);
         Some(LifecycleRecord {
             pod_uid: event.pod.clone(),
             namespace: status
@@ -945,83 +891,8 @@ async fn read_pod(
     }
 }
 
-/// Whether a read that shows a container in `state` (`None`: not at all) has not caught up with a
-/// hint of `kind` about it yet: an exit while it still runs, a start before it runs (or ran).
-fn runtime_lags(kind: HintKind, state: Option<PlegState>) -> bool {
-    match kind {
-        HintKind::Died => state == Some(PlegState::Running),
-        HintKind::Started => !matches!(state, Some(PlegState::Running | PlegState::Exited)),
-        HintKind::CgroupCreated | HintKind::CgroupRemoved | HintKind::OomKilled => false,
-    }
-}
-
 fn source_of(error: &PlegError) -> String {
     std::error::Error::source(error).map_or_else(String::new, ToString::to_string)
-}
-
-/// Every container and sandbox of a listing with its PLEG state, keyed by id. Sandbox ids share the
-/// key space with container ids, as in the kubelet.
-fn states(pod: Option<&RunningPod>) -> BTreeMap<ContainerId, PlegState> {
-    let Some(pod) = pod else {
-        return BTreeMap::new();
-    };
-    let containers = pod.containers.iter().map(|c| {
-        let state = match c.state {
-            ContainerState::Running => PlegState::Running,
-            ContainerState::Exited => PlegState::Exited,
-            ContainerState::Created | ContainerState::Unknown => PlegState::Unknown,
-        };
-        (c.id.clone(), state)
-    });
-    let sandboxes = pod.sandboxes.iter().map(|s| {
-        let state = match s.state {
-            SandboxState::Ready => PlegState::Running,
-            SandboxState::NotReady => PlegState::Exited,
-        };
-        (ContainerId::new(s.id.as_str()), state)
-    });
-    containers.chain(sandboxes).collect()
-}
-
-fn compute_pod_events(
-    uid: &PodUid,
-    old: Option<&RunningPod>,
-    current: Option<&RunningPod>,
-) -> Vec<PodLifecycleEvent> {
-    let old = states(old);
-    let current = states(current);
-    let ids: std::collections::BTreeSet<&ContainerId> = old.keys().chain(current.keys()).collect();
-    let mut events = Vec::new();
-    for id in ids {
-        let before = old.get(id).copied().unwrap_or(PlegState::NonExistent);
-        let after = current.get(id).copied().unwrap_or(PlegState::NonExistent);
-        for kind in transition_events(before, after) {
-            events.push(PodLifecycleEvent {
-                pod: uid.clone(),
-                kind: *kind,
-                container: Some(id.clone()),
-            });
-        }
-    }
-    events
-}
-
-fn transition_events(before: PlegState, after: PlegState) -> &'static [PodLifecycleEventKind] {
-    use PodLifecycleEventKind::{
-        ContainerChanged, ContainerDied, ContainerRemoved, ContainerStarted,
-    };
-    if before == after {
-        return &[];
-    }
-    match (before, after) {
-        (_, PlegState::Running) => &[ContainerStarted],
-        // A container that started and exited between two relists was never seen running.
-        (PlegState::NonExistent, PlegState::Exited) => &[ContainerStarted, ContainerDied],
-        (_, PlegState::Exited) => &[ContainerDied],
-        (_, PlegState::Unknown) => &[ContainerChanged],
-        (PlegState::Exited, PlegState::NonExistent) => &[ContainerRemoved],
-        (_, PlegState::NonExistent) => &[ContainerDied, ContainerRemoved],
-    }
 }
 
 #[cfg(test)]

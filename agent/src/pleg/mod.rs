@@ -17,6 +17,7 @@ mod init_processes;
 mod kernel_exits;
 mod latency;
 mod queue;
+mod records;
 
 pub use generic::{GenericPleg, PlegOptions};
 pub use health::PlegHandle;
