@@ -30,29 +30,26 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use k8s_openapi::api::storage::v1::CSINode;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use ringlet_tests::cluster::{CLUSTER_DIR, Cluster};
-use ringlet_tests::kubelet_host::{LabKubelet, Registration};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::benchkit::{
-    self, Agent, free_port, fresh_run_dir, git_commit, machine, now_utc, percentile, pins_in_use,
-    process_cpu_seconds, runtime_containers,
+    self, fresh_run_dir, git_commit, machine, now_utc, percentile, process_cpu_seconds,
+    runtime_containers,
 };
-use crate::kubelet_host::{HostGuard, find_kubelet};
-use crate::{cluster, cmd, lab, workspace_root};
+use crate::cluster;
+use crate::kubelet_host::HostGuard;
+use crate::node_bench::{
+    AgentBinary, AgentSetup, Kind, NodeBench, PodWatch, Stats, Subject, WATCH_POLL, other_agents,
+    remove_files, remove_node_objects, remove_pods_and_stop, spawn_agent, wait_node_ready,
+    wait_runtime_clean,
+};
 
 /// Both nodes' pods live here. It stays after the run: without kube-controller-manager a deleted
 /// namespace would stay `Terminating` for ever.
@@ -61,10 +58,6 @@ const IMAGE: &str = "docker.io/library/busybox:1.35";
 /// busybox `sh` as PID 1 would ignore SIGTERM; with the trap the container exits at once, so the
 /// default grace period (30 s) never decides how long a delete takes.
 const POD_COMMAND: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
-const NODE_READY_TIMEOUT: Duration = Duration::from_mins(2);
-/// The kubelet removes a deleted pod's sandbox at its next container GC, once a minute.
-const RUNTIME_CLEANUP_TIMEOUT: Duration = Duration::from_mins(3);
-const WATCH_POLL: Duration = Duration::from_millis(50);
 /// How long after Ready the node's pressure conditions are checked (the kubelet's eviction
 /// manager runs every 10 s).
 const PRESSURE_SETTLE: Duration = Duration::from_secs(11);
@@ -85,45 +78,6 @@ pub struct ClusterArgs {
     /// Benchmark this ringlet binary instead of building target/release/ringlet.
     #[arg(long)]
     binary: Option<PathBuf>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Ringlet,
-    Kubelet,
-}
-
-impl Kind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::Ringlet => "ringlet",
-            Self::Kubelet => "kubelet",
-        }
-    }
-
-    fn node(self) -> String {
-        format!("bench-{}", self.name())
-    }
-}
-
-#[derive(Serialize)]
-struct Stats {
-    median_ms: f64,
-    p99_ms: f64,
-    samples: usize,
-    samples_ms: Vec<f64>,
-}
-
-impl Stats {
-    fn of(mut samples_ms: Vec<f64>) -> Self {
-        samples_ms.sort_by(f64::total_cmp);
-        Self {
-            median_ms: percentile(&samples_ms, 50.0),
-            p99_ms: percentile(&samples_ms, 99.0),
-            samples: samples_ms.len(),
-            samples_ms,
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -204,28 +158,18 @@ struct Report {
     sides: Vec<Side>,
 }
 
-/// An agent binary under test.
-struct AgentBinary {
-    kind: Kind,
-    path: PathBuf,
-}
-
 pub fn cluster(args: &ClusterArgs) -> Result<()> {
     if args.pods.is_empty() || args.pods.contains(&0) || args.idle_seconds == 0 {
         bail!("--pods needs pod counts above 0 and --idle-seconds a window above 0");
     }
-    lab::up()?;
-    // Also (re)starts the API server with its audit log when an older `up` started it without.
-    cluster::up(false)?;
-    let root = workspace_root();
-    let ringlet = benchkit::ringlet_binary(&root, args.binary.as_deref())?;
-    let kubelet = find_kubelet();
-    let control_plane = Cluster::local();
-    control_plane.prepare_namespace(NAMESPACE)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let client = runtime.block_on(admin_client(&control_plane))?;
+    let NodeBench {
+        root,
+        ringlet,
+        kubelet,
+        control_plane,
+        runtime,
+        client,
+    } = NodeBench::prepare(NAMESPACE, args.binary.as_deref())?;
 
     println!("== ringlet");
     let mut sides = vec![run_side(
@@ -241,7 +185,7 @@ pub fn cluster(args: &ClusterArgs) -> Result<()> {
     println!("== kubelet");
     let kubelet_version = kubelet.as_ref().ok().map(|(_, version)| version.clone());
     let quiet = kubelet.and_then(|(path, _)| {
-        benchkit::wait_until_quiet(|| other_agents(false))
+        benchkit::wait_until_quiet(|| other_agents(None))
             .map_err(|e| format!("{e:#}: the upstream kubelet would stop their pods"))?;
         Ok(path)
     });
@@ -277,148 +221,6 @@ pub fn cluster(args: &ClusterArgs) -> Result<()> {
     benchkit::write_results(&root, "cluster", &report, &markdown(&report))
 }
 
-/// What keeps the upstream kubelet from running: containers in containerd (it would stop them;
-/// the bench's own pods left out with `skip_bench_pods`), another agent process or ringlet's
-/// eBPF pins.
-fn other_agents(skip_bench_pods: bool) -> Result<Option<String>> {
-    let all = cmd::output(lab::ctr().args(["containers", "ls", "-q"]))?;
-    let ours: HashSet<String> = if skip_bench_pods {
-        runtime_containers(NAMESPACE)?.into_iter().collect()
-    } else {
-        HashSet::new()
-    };
-    let count = all
-        .lines()
-        .map(str::trim)
-        .filter(|id| !id.is_empty() && !ours.contains(*id))
-        .count();
-    if count > 0 {
-        return Ok(Some(format!(
-            "containerd holds {count} containers of other pods"
-        )));
-    }
-    Ok(pins_in_use().or_else(|| agent_processes(None)))
-}
-
-/// Other ringlet and kubelet processes than `except`, described; `None` when there are none.
-pub(crate) fn agent_processes(except: Option<u32>) -> Option<String> {
-    let found: Vec<String> = fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let comm = fs::read_to_string(e.path().join("comm")).ok()?;
-            let comm = comm.trim();
-            (Some(pid) != except && (comm == "ringlet" || comm == "kubelet"))
-                .then(|| format!("{comm} {pid}"))
-        })
-        .collect();
-    (!found.is_empty()).then(|| format!("another agent runs ({})", found.join(", ")))
-}
-
-/// While the upstream kubelet runs: notices another agent starting (its pins at once, its process
-/// within a second), which would lose its pods to the kubelet within seconds.
-struct Sentinel {
-    stop: Arc<AtomicBool>,
-    found: Arc<Mutex<Option<String>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Sentinel {
-    const PERIOD: Duration = Duration::from_millis(100);
-    /// The process scan runs every this many periods; a pin check is one `readdir`.
-    const SCAN_EVERY: u32 = 10;
-
-    fn start(kubelet: u32) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let found = Arc::new(Mutex::new(None));
-        let thread = std::thread::spawn({
-            let (stop, found) = (Arc::clone(&stop), Arc::clone(&found));
-            move || {
-                let mut tick = 0u32;
-                while !stop.load(Ordering::Relaxed) {
-                    let seen = pins_in_use().or_else(|| {
-                        tick.is_multiple_of(Self::SCAN_EVERY)
-                            .then(|| agent_processes(Some(kubelet)))
-                            .flatten()
-                    });
-                    if let Some(seen) = seen {
-                        *found.lock().unwrap_or_else(PoisonError::into_inner) = Some(seen);
-                        return;
-                    }
-                    tick = tick.wrapping_add(1);
-                    std::thread::sleep(Self::PERIOD);
-                }
-            }
-        });
-        Self {
-            stop,
-            found,
-            thread: Some(thread),
-        }
-    }
-
-    fn found(&self) -> Option<String> {
-        self.found
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The agent under test, with a [`Sentinel`] when it is the upstream kubelet.
-pub(crate) struct Subject {
-    pub(crate) agent: Agent,
-    sentinel: Option<Sentinel>,
-}
-
-impl Subject {
-    pub(crate) fn new(agent: Agent, kind: Kind) -> Self {
-        let sentinel = (kind == Kind::Kubelet).then(|| Sentinel::start(agent.pid()));
-        Self { agent, sentinel }
-    }
-
-    /// Fails when the agent exited, or when another agent appeared next to the kubelet.
-    pub(crate) fn alive(&mut self) -> Result<()> {
-        self.agent.exited()?;
-        if let Some(other) = self.intruder() {
-            bail!(
-                "{other} next to the upstream kubelet, which would stop its pods: stopping the kubelet"
-            );
-        }
-        Ok(())
-    }
-
-    fn intruder(&self) -> Option<String> {
-        self.sentinel.as_ref().and_then(Sentinel::found)
-    }
-
-    pub(crate) fn log(&self) -> &Path {
-        &self.agent.log
-    }
-}
-
-pub(crate) async fn admin_client(control_plane: &Cluster) -> Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(&control_plane.admin_kubeconfig)
-        .with_context(|| format!("reading {}", control_plane.admin_kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// One agent on its own node: start, rounds, and a cleanup that runs however the rounds end.
 fn run_side(
     runtime: &tokio::runtime::Runtime,
@@ -431,7 +233,7 @@ fn run_side(
     let node = kind.node();
     let (run_dir, _, root_dir) = fresh_run_dir(&format!("cluster-{}", kind.name()))?;
     // What an earlier, interrupted run may have left of this node.
-    runtime.block_on(remove_node_objects(client, &node))?;
+    runtime.block_on(remove_node_objects(client, NAMESPACE, &node))?;
     let left = runtime_containers(NAMESPACE)?;
     if !left.is_empty() {
         bail!(
@@ -449,17 +251,15 @@ fn run_side(
         Kind::Kubelet => Some(HostGuard::take()?),
     };
     let audit = AuditMark::now();
-    let spawn = |log: &str| {
-        spawn_agent(
-            binary,
-            &run_dir,
-            &root_dir,
-            &node,
-            &kubeconfig,
-            control_plane,
-            log,
-        )
+    let setup = AgentSetup {
+        run_dir: &run_dir,
+        root_dir: &root_dir,
+        node: &node,
+        kubeconfig: &kubeconfig,
+        control_plane,
+        flags: None,
     };
+    let spawn = |log: &str| spawn_agent(binary, &setup, log);
     let started = Instant::now();
     let mut agent = Subject::new(spawn(&format!("{}.log", kind.name()))?, kind);
     println!(
@@ -470,30 +270,11 @@ fn run_side(
     );
 
     let measured = runtime.block_on(measure(client, &mut agent, &node, args, started));
-    // Every second the kubelet runs next to another agent may cost that agent its pods.
-    if agent.intruder().is_some() {
-        agent.agent.stop();
-    }
     // Whatever happened: no pod, container, node object or host change of this side stays.
-    let mut pods_removed = runtime.block_on(remove_pods(client, &node, &mut agent));
-    if pods_removed.is_err() && agent.agent.exited().is_err() {
-        // Only a running agent stops its containers; the kubelet only once it is alone again.
-        println!(
-            "{} ended before its pods were removed: starting it again to remove them",
-            kind.name()
-        );
-        pods_removed = (|| {
-            if kind == Kind::Kubelet {
-                benchkit::wait_until_quiet(|| other_agents(true))?;
-            }
-            let mut again = Subject::new(spawn(&format!("{}-cleanup.log", kind.name()))?, kind);
-            let removed = runtime.block_on(remove_pods(client, &node, &mut again));
-            again.agent.stop();
-            removed
-        })();
-    }
-    agent.agent.stop();
-    let objects_removed = runtime.block_on(remove_node_objects(client, &node));
+    let pods_removed = remove_pods_and_stop(runtime, client, NAMESPACE, &node, &mut agent, || {
+        spawn(&format!("{}-cleanup.log", kind.name()))
+    });
+    let objects_removed = runtime.block_on(remove_node_objects(client, NAMESPACE, &node));
     let host_restored = host.map_or(Ok(()), HostGuard::restore);
     let files_removed = remove_files(&root_dir, &run_dir, Some(&kubeconfig));
     let (node_ready_ms, mut rounds) = measured?;
@@ -534,56 +315,6 @@ fn run_side(
     })
 }
 
-fn spawn_agent(
-    binary: &AgentBinary,
-    run_dir: &Path,
-    root_dir: &Path,
-    node: &str,
-    kubeconfig: &Path,
-    control_plane: &Cluster,
-    log: &str,
-) -> Result<Agent> {
-    let (read_only_port, api_port, healthz_port) = (free_port()?, free_port()?, free_port()?);
-    let runtime_endpoint = format!("unix://{}", ringlet_tests::CONTAINERD_SOCKET);
-    let mut command = match binary.kind {
-        Kind::Ringlet => {
-            let mut command = Command::new(&binary.path);
-            command
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .args(["--hostname-override", node])
-                .arg("--root-dir")
-                .arg(root_dir)
-                .arg("--client-ca-file")
-                .arg(control_plane.ca_file())
-                .args(["--read-only-port", &read_only_port.to_string()])
-                .args(["--port", &api_port.to_string()])
-                .args(["--healthz-port", &healthz_port.to_string()])
-                .args(["--address", "127.0.0.1"])
-                .args(ringlet_tests::LAB_AGENT_FLAGS)
-                .args(["--container-runtime-endpoint", &runtime_endpoint])
-                .arg("--events-socket")
-                .arg(run_dir.join("events.sock"));
-            command
-        }
-        Kind::Kubelet => LabKubelet {
-            manifests: run_dir.join("manifests"),
-            run_dir: run_dir.to_path_buf(),
-            root_dir: root_dir.to_path_buf(),
-            read_only_port,
-            port: api_port,
-            healthz_port,
-            registration: Some(Registration {
-                kubeconfig: kubeconfig.to_path_buf(),
-                client_ca_file: control_plane.ca_file(),
-            }),
-            evented_pleg: false,
-        }
-        .command(&binary.path, node)?,
-    };
-    Agent::spawn(&mut command, run_dir.join(log))
-}
-
 /// Node Ready, then one round per pod count; returns start → node Ready (ms) and the rounds.
 async fn measure(
     client: &kube::Client,
@@ -593,20 +324,7 @@ async fn measure(
     started: Instant,
 ) -> Result<(f64, Vec<Round>)> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let deadline = started + NODE_READY_TIMEOUT;
-    loop {
-        agent.alive()?;
-        if nodes.get_opt(node).await?.is_some_and(|n| node_ready(&n)) {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "node {node} not Ready within {NODE_READY_TIMEOUT:?}; see {}",
-                agent.log().display()
-            );
-        }
-        tokio::time::sleep(WATCH_POLL).await;
-    }
+    wait_node_ready(&nodes, agent, node, started).await?;
     let node_ready_ms = benchkit::ms(started.elapsed());
     println!("node {node} Ready after {node_ready_ms:.0} ms");
     // The agent's view of its pressure conditions settles with its first eviction check.
@@ -675,24 +393,6 @@ async fn refuse_failed_pods(pods: &Api<Pod>, names: &[String]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub(crate) fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-pub(crate) fn running_and_ready(pod: &Pod) -> bool {
-    let Some(status) = &pod.status else {
-        return false;
-    };
-    status.phase.as_deref() == Some("Running")
-        && status
-            .conditions
-            .as_ref()
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn bench_pod(name: &str, node: &str) -> Result<Pod> {
@@ -798,7 +498,7 @@ async fn round(
         delete_to_gone.median_ms, delete_to_gone.p99_ms
     );
     let last_gone = gone.iter().max().copied().unwrap_or_else(Instant::now);
-    wait_runtime_clean(agent).await?;
+    wait_runtime_clean(agent, NAMESPACE).await?;
     let runtime_cleanup_s = last_gone.elapsed().as_secs_f64();
     println!("containers removed from containerd {runtime_cleanup_s:.1} s after the last pod went");
     Ok(Round {
@@ -851,279 +551,6 @@ pub(crate) async fn idle_window(
         },
         (from, to),
     ))
-}
-
-/// Waits until containerd holds none of the bench pods' containers (sandboxes included).
-async fn wait_runtime_clean(agent: &mut Subject) -> Result<()> {
-    let deadline = Instant::now() + RUNTIME_CLEANUP_TIMEOUT;
-    loop {
-        agent.alive()?;
-        let left = runtime_containers(NAMESPACE)?;
-        if left.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} containers of the deleted pods still in containerd after {RUNTIME_CLEANUP_TIMEOUT:?}; see {}",
-                left.len(),
-                agent.log().display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// When the watch first saw a pod Running and Ready, and gone.
-#[derive(Default, Clone)]
-pub(crate) struct Seen {
-    pub(crate) ready: Option<Instant>,
-    gone: Option<Instant>,
-    /// The first container's restart count and whether all containers ran, as last seen.
-    state: Option<(i32, bool)>,
-    /// When [`Seen::state`] changed (an exit, then the restart, show here), oldest first.
-    pub(crate) changes: Vec<Instant>,
-}
-
-/// A watch on the pods bound to one node, following them from before the first create; every
-/// event is timestamped as it arrives.
-pub(crate) struct PodWatch {
-    seen: Arc<Mutex<HashMap<String, Seen>>>,
-    task: tokio::task::JoinHandle<Result<()>>,
-}
-
-impl PodWatch {
-    /// Returns once the API server has accepted the watch: nothing created afterwards is missed.
-    pub(crate) async fn start(api: Api<Pod>, node: &str) -> Result<Self> {
-        let selector = format!("spec.nodeName={node}");
-        let list = api.list(&ListParams::default().fields(&selector)).await?;
-        let version = list
-            .metadata
-            .resource_version
-            .context("the pod list has no resourceVersion")?;
-        let params = WatchParams::default().fields(&selector);
-        let stream = api.watch(&params, &version).await?.boxed();
-        let seen = Arc::default();
-        let task = tokio::spawn(follow(api, params, version, stream, Arc::clone(&seen)));
-        Ok(Self { seen, task })
-    }
-
-    /// Polls what the watch has seen until `check` accepts it; fails when the agent or the watch
-    /// ends, or after `timeout`.
-    pub(crate) async fn wait<T>(
-        &mut self,
-        agent: &mut Subject,
-        what: &str,
-        timeout: Duration,
-        check: impl Fn(&HashMap<String, Seen>) -> Option<T>,
-    ) -> Result<T> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let found = check(&self.seen.lock().unwrap_or_else(PoisonError::into_inner));
-            if let Some(found) = found {
-                return Ok(found);
-            }
-            agent.alive()?;
-            if self.task.is_finished() {
-                (&mut self.task).await??;
-                bail!("the pod watch ended");
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "no {what} within {timeout:?}; see {}",
-                    agent.log().display()
-                );
-            }
-            tokio::time::sleep(WATCH_POLL).await;
-        }
-    }
-}
-
-impl PodWatch {
-    /// What the watch has seen of pod `name` so far.
-    pub(crate) fn seen(&self, name: &str) -> Option<Seen> {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned()
-    }
-}
-
-impl Drop for PodWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn follow(
-    api: Api<Pod>,
-    params: WatchParams,
-    mut version: String,
-    mut stream: BoxStream<'static, kube::Result<WatchEvent<Pod>>>,
-    seen: Arc<Mutex<HashMap<String, Seen>>>,
-) -> Result<()> {
-    loop {
-        while let Some(event) = stream.try_next().await? {
-            let now = Instant::now();
-            let (pod, gone) = match event {
-                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => (pod, false),
-                WatchEvent::Deleted(pod) => (pod, true),
-                WatchEvent::Bookmark(bookmark) => {
-                    version = bookmark.metadata.resource_version;
-                    continue;
-                }
-                WatchEvent::Error(status) => bail!("the pod watch failed: {status:?}"),
-            };
-            if let Some(v) = &pod.metadata.resource_version {
-                version.clone_from(v);
-            }
-            let Some(name) = pod.metadata.name.clone() else {
-                continue;
-            };
-            let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
-            let entry = seen.entry(name).or_default();
-            if gone {
-                entry.gone.get_or_insert(now);
-                continue;
-            }
-            if running_and_ready(&pod) {
-                entry.ready.get_or_insert(now);
-            }
-            let state = Some(container_state(&pod));
-            if entry.state.is_some() && entry.state != state {
-                entry.changes.push(now);
-            }
-            entry.state = state;
-        }
-        // The API server ends every watch after a few minutes: go on from the last version seen.
-        stream = api.watch(&params, &version).await?.boxed();
-    }
-}
-
-/// The first container's restart count and whether every container runs.
-fn container_state(pod: &Pod) -> (i32, bool) {
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default();
-    let wanted = pod.spec.as_ref().map_or(0, |s| s.containers.len());
-    let running = statuses.len() == wanted
-        && statuses
-            .iter()
-            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-    (statuses.first().map_or(0, |c| c.restart_count), running)
-}
-
-/// Force-deletes the pods bound to `node` (none after a run that went through) and waits until
-/// the agent has removed their containers.
-async fn remove_pods(client: &kube::Client, node: &str, agent: &mut Subject) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let selector = format!("spec.nodeName={node}");
-    let left = pods.list(&ListParams::default().fields(&selector)).await?;
-    let force = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..DeleteParams::default()
-    };
-    for pod in &left.items {
-        if let Some(name) = &pod.metadata.name {
-            ignore_not_found(pods.delete(name, &force).await.map(drop))?;
-        }
-    }
-    if left.items.is_empty() && runtime_containers(NAMESPACE)?.is_empty() {
-        return Ok(());
-    }
-    println!("removing {} pods left on {node}", left.items.len());
-    let deadline = Instant::now() + RUNTIME_CLEANUP_TIMEOUT;
-    loop {
-        let containers = runtime_containers(NAMESPACE)?;
-        if containers.is_empty() {
-            return Ok(());
-        }
-        agent.alive()?;
-        if Instant::now() > deadline {
-            bail!(
-                "{} containers of namespace {NAMESPACE} still in containerd after {RUNTIME_CLEANUP_TIMEOUT:?}: {}",
-                containers.len(),
-                containers.join(" ")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Deletes the Node, its Lease and `CSINode` (the upstream kubelet makes one; without
-/// kube-controller-manager nothing collects it), and the events about the node and the bench pods.
-pub(crate) async fn remove_node_objects(client: &kube::Client, node: &str) -> Result<()> {
-    let gone = DeleteParams::default();
-    ignore_not_found(
-        Api::<Node>::all(client.clone())
-            .delete(node, &gone)
-            .await
-            .map(drop),
-    )?;
-    ignore_not_found(
-        Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
-            .delete(node, &gone)
-            .await
-            .map(drop),
-    )?;
-    ignore_not_found(
-        Api::<CSINode>::all(client.clone())
-            .delete(node, &gone)
-            .await
-            .map(drop),
-    )?;
-    Api::<Event>::namespaced(client.clone(), "default")
-        .delete_collection(
-            &gone,
-            &ListParams::default().fields(&format!("involvedObject.name={node}")),
-        )
-        .await?;
-    Api::<Event>::namespaced(client.clone(), NAMESPACE)
-        .delete_collection(&gone, &ListParams::default())
-        .await?;
-    Ok(())
-}
-
-fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
-    match result {
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        other => Ok(other?),
-    }
-}
-
-/// Removes the agent's root dir, the rest of its state in the run dir and its node kubeconfig (if
-/// it has one); the log and the kubelet's configuration stay. What is mounted below the root dir
-/// is unmounted first (the upstream kubelet bind-mounts its root dir onto itself, shared, and
-/// leaves it), so the removal never reaches into a mount.
-pub(crate) fn remove_files(
-    root_dir: &Path,
-    run_dir: &Path,
-    kubeconfig: Option<&Path>,
-) -> Result<()> {
-    benchkit::unmount_below(root_dir)?;
-    let manifests = run_dir.join("manifests");
-    for dir in [
-        root_dir.to_path_buf(),
-        run_dir.join("pki"),
-        run_dir.join("pod-logs"),
-        run_dir.join("volume-plugins"),
-        manifests,
-    ] {
-        if dir.exists() {
-            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-        }
-    }
-    let Some(kubeconfig) = kubeconfig else {
-        return Ok(());
-    };
-    match fs::remove_file(kubeconfig) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("removing {}", kubeconfig.display()))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Where the audit log was when a side started.

@@ -24,8 +24,10 @@ mod kubelet_host;
 mod lab;
 mod lab_registry;
 mod machine_cpu;
+mod node_bench;
 mod oci;
 mod pleg_bench;
+mod pressure_bench;
 mod probe_bench;
 mod scale_bench;
 mod scale_report;
@@ -132,6 +134,9 @@ enum Bench {
     Compare(compare_bench::CompareArgs),
     /// 100 to 1,000 real pods on one node in both PLEG modes: start, idle cost, exit → status.
     Density(density_bench::DensityArgs),
+    /// Memory pressure, ringlet and the kubelet as nodes: from a `memory.available` threshold
+    /// crossing to the first eviction and to the node's `MemoryPressure` condition.
+    Pressure(pressure_bench::PressureArgs),
     /// 1,000 to 10,000 pods on ringlet-hollow (a scale harness, not a runtime), ringlet and the
     /// kubelet, standalone and as a node: idle cost, relist, exit → status, API requests.
     Scale(scale_bench::ScaleArgs),
@@ -167,6 +172,7 @@ fn main() -> Result<()> {
             Bench::Probes(args) => probe_bench::probes(&args),
             Bench::Compare(args) => compare_bench::compare(&args),
             Bench::Density(args) => density_bench::density(&args),
+            Bench::Pressure(args) => pressure_bench::pressure(&args),
             Bench::Scale(args) => scale_bench::scale(&args),
         },
     }

@@ -27,14 +27,14 @@ use ringlet_tests::metric_value;
 use serde_json::json;
 
 use crate::benchkit::{self, Agent, free_port, fresh_run_dir, histogram, ms, percentile};
-use crate::cluster_bench::{
-    AuditMark, Kind, PodWatch, Subject, admin_client, idle_window, node_ready, remove_files,
-    remove_node_objects, requests_in,
-};
+use crate::cluster_bench::{AuditMark, idle_window, requests_in};
 use crate::density_bench::{Quantiles, raise_open_files, raise_pid_max, read_metrics};
 use crate::health_watch::HealthWatcher;
 use crate::hollow_host::{Hollow, PodCgroups};
 use crate::kubelet_host::{HostGuard, find_kubelet};
+use crate::node_bench::{
+    Kind, PodWatch, Subject, admin_client, node_ready, remove_files, remove_node_objects,
+};
 use crate::scale_report::{Point, Report};
 use crate::{cluster, cmd, exit_poll, http, workspace_root};
 
@@ -311,7 +311,8 @@ impl Bench<'_> {
         let kubeconfig = match &self.cluster {
             Some((client, control_plane)) if mode == Mode::Cluster => {
                 // What an earlier, interrupted run may have left of this node.
-                self.runtime.block_on(remove_node_objects(client, &node))?;
+                self.runtime
+                    .block_on(remove_node_objects(client, NAMESPACE, &node))?;
                 self.runtime.block_on(remove_pods(client, &node))?;
                 Some(control_plane.node_kubeconfig(&node)?)
             }
@@ -343,7 +344,7 @@ impl Bench<'_> {
         let api_cleaned = match &self.cluster {
             Some((client, _)) if mode == Mode::Cluster => self.runtime.block_on(async {
                 remove_pods(client, &place.node).await?;
-                remove_node_objects(client, &place.node).await
+                remove_node_objects(client, NAMESPACE, &place.node).await
             }),
             _ => Ok(()),
         };

@@ -66,7 +66,7 @@ pub fn in_the_way() -> Result<Option<String>> {
             "containerd holds {count} containers of other pods"
         )));
     }
-    Ok(benchkit::pins_in_use().or_else(|| crate::cluster_bench::agent_processes(None)))
+    Ok(benchkit::pins_in_use().or_else(|| crate::node_bench::agent_processes(None)))
 }
 
 impl Node {
