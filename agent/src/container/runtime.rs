@@ -93,6 +93,28 @@ pub struct ContainerStatus {
     pub message: String,
 }
 
+#[cfg(test)]
+impl ContainerStatus {
+    /// A container of the unit tests: created and started at 1, no exit, no image, no hash.
+    pub(crate) fn for_test(id: &str, name: &str, state: ContainerState) -> Self {
+        ContainerStatus {
+            id: ContainerId::new(id),
+            name: name.to_owned(),
+            state,
+            created_at: 1,
+            started_at: 1,
+            finished_at: 0,
+            exit_code: 0,
+            image: String::new(),
+            image_ref: String::new(),
+            hash: String::new(),
+            restart_count: 0,
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+}
+
 /// Everything the runtime knows about one pod: the input to status generation and to `sync_pod`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodStatus {

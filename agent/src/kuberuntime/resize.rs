@@ -489,21 +489,7 @@ mod tests {
     }
 
     fn running(name: &str) -> ContainerStatus {
-        ContainerStatus {
-            id: ContainerId::from(format!("id-{name}")),
-            name: name.to_owned(),
-            state: ContainerState::Running,
-            created_at: 1,
-            started_at: 1,
-            finished_at: 0,
-            exit_code: 0,
-            image: String::new(),
-            image_ref: String::new(),
-            hash: String::new(),
-            restart_count: 0,
-            reason: String::new(),
-            message: String::new(),
-        }
+        ContainerStatus::for_test(&format!("id-{name}"), name, ContainerState::Running)
     }
 
     fn status(names: &[&str]) -> PodStatus {

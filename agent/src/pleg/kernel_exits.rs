@@ -215,19 +215,8 @@ mod tests {
         PodStatus {
             uid: PodUid::from("p"),
             containers: vec![ContainerStatus {
-                id: ContainerId::from("c"),
-                name: "app".to_owned(),
-                state,
-                created_at: 1,
                 started_at: 2,
-                finished_at: 0,
-                exit_code: 0,
-                image: String::new(),
-                image_ref: String::new(),
-                hash: String::new(),
-                restart_count: 0,
-                reason: String::new(),
-                message: String::new(),
+                ..ContainerStatus::for_test("c", "app", state)
             }],
             ..PodStatus::default()
         }

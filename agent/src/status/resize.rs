@@ -104,21 +104,7 @@ mod tests {
 
     fn runtime(state: ContainerState) -> PodStatus {
         PodStatus {
-            containers: vec![ContainerStatus {
-                id: ContainerId::from("id1"),
-                name: "c1".to_owned(),
-                state,
-                created_at: 1,
-                started_at: 1,
-                finished_at: 0,
-                exit_code: 0,
-                image: String::new(),
-                image_ref: String::new(),
-                hash: String::new(),
-                restart_count: 0,
-                reason: String::new(),
-                message: String::new(),
-            }],
+            containers: vec![ContainerStatus::for_test("id1", "c1", state)],
             ..PodStatus::default()
         }
     }
